@@ -1,0 +1,54 @@
+"""Store selection: the active backend is imported once and cached; the cache is dropped
+on Django's ``setting_changed`` so ``override_settings`` works (as django-axes does)."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from django.core.exceptions import ImproperlyConfigured
+from django.core.signals import setting_changed
+from django.dispatch import receiver
+from django.utils.module_loading import import_string
+
+from django_debounce import conf
+from django_debounce.backends.base import BaseBackend
+
+ALIASES = {
+    "database": "django_debounce.backends.database.DatabaseBackend",
+    "redis": "django_debounce.backends.redis.RedisBackend",
+    "auto": "django_debounce.backends.auto.AutoBackend",
+}
+
+
+def backend_path(value: str | None = None) -> str:
+    """Dotted path of the backend class named by ``value`` or ``DEBOUNCE_BACKEND``."""
+    value = value or conf.get("BACKEND")
+    return ALIASES.get(value, value)
+
+
+@lru_cache(maxsize=None)
+def _load(path: str) -> BaseBackend:
+    try:
+        cls = import_string(path)
+    except ImportError as exc:
+        raise ImproperlyConfigured(
+            f"DEBOUNCE_BACKEND={path!r} cannot be imported ({exc}). Use 'auto', 'redis', "
+            "'database', or the dotted path of a BaseBackend subclass."
+        ) from exc
+    if not (isinstance(cls, type) and issubclass(cls, BaseBackend)):
+        raise ImproperlyConfigured(f"DEBOUNCE_BACKEND={path!r} is not a BaseBackend subclass.")
+    return cls()
+
+
+def get_backend(name: str | None = None) -> BaseBackend:
+    """The backend instance for ``name`` (a setting value or dotted path), or the configured one.
+
+    Raises ``ImproperlyConfigured`` when the path cannot be imported.
+    """
+    return _load(backend_path(name))
+
+
+@receiver(setting_changed)
+def _reset(*, setting: str, **kwargs: object) -> None:
+    if setting.startswith("DEBOUNCE_") or setting in ("CACHES", "DATABASES", "DATABASE_ROUTERS"):
+        _load.cache_clear()

@@ -1,0 +1,92 @@
+"""The backend contract: the operations of the per-key state machine (DESIGN.md section 4).
+
+Each store implements these names with identical semantics; the flow layer (``tasks.py``)
+asks a store what to do and does it, it never re-decides.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from django_debounce.state import Dispatch, FireDecision, TriggerResult
+
+
+class BaseBackend:
+    """Operations of DESIGN.md section 4. Every method is atomic in its store.
+
+    Times are the store's clock; ``now`` arguments exist only for ``run_due`` in tests
+    and replace that clock for one call.
+    """
+
+    name = "base"
+
+    def trigger(
+        self,
+        *,
+        task_name: str,
+        key: str,
+        key_hash: str,
+        payload: Any,
+        wait: float,
+        max_wait: float | None,
+    ) -> tuple[TriggerResult, Dispatch | None, dict[str, Any] | None]:
+        """Count one trigger (step 1).
+
+        Returns ``(result, dispatch, undo)``: ``dispatch`` is the message the caller must
+        publish (``None`` when the trigger was merged), ``undo`` what ``abort_trigger``
+        needs to take the trigger back if that publish fails (invariant I8).
+        """
+        raise NotImplementedError
+
+    def abort_trigger(self, key_hash: str, seq: int, undo: dict[str, Any]) -> None:
+        """Take back a trigger whose dispatch message could not be published (I8)."""
+        raise NotImplementedError
+
+    def fire(
+        self,
+        key_hash: str,
+        seq: int | None,
+        *,
+        overlap: bool,
+        lease: float,
+        now: datetime | None = None,
+    ) -> FireDecision:
+        """Decide what a dispatch message does (step 2); claims the flight when it is due.
+
+        ``seq=None`` skips the message fencing (in-process ``run_due``).
+        """
+        raise NotImplementedError
+
+    def finish(
+        self, key_hash: str, run_id: int, *, ok: bool, error: str = ""
+    ) -> Dispatch | None:
+        """Record the end of run ``run_id`` (step 3); returns the follow-up flight's message."""
+        raise NotImplementedError
+
+    def heartbeat(self, key_hash: str, run_id: int, lease: float) -> bool:
+        """Extend the lease of run ``run_id`` to now + ``lease`` seconds (step 4)."""
+        raise NotImplementedError
+
+    def flush(self, key_hash: str) -> Dispatch | None:
+        """Make the pending flight due now (step 6); ``None`` when nothing is pending."""
+        raise NotImplementedError
+
+    def cancel(self, key_hash: str) -> int:
+        """Drop the pending flight (step 6); returns how many triggers were dropped."""
+        raise NotImplementedError
+
+    def due_keys(
+        self, now: datetime | None = None, task_names: list[str] | None = None
+    ) -> list[tuple[str, str]]:
+        """``(task_name, key_hash)`` of keys whose flight is due at ``now`` (for ``run_due``)."""
+        raise NotImplementedError
+
+    def recover(self, *, grace: float) -> list[tuple[str, Dispatch]]:
+        """Step 5: redo runs whose lease ran out and re-dispatch flights whose message is
+        overdue by more than ``grace`` seconds. Returns ``(task_name, dispatch)`` to publish."""
+        raise NotImplementedError
+
+    def pending_counts(self, key_hashes: list[str]) -> dict[str, int]:
+        """Live pending count per key hash (for the admin and the status command)."""
+        raise NotImplementedError

@@ -1,0 +1,339 @@
+"""The database store: the ``DebounceKey`` row is the state, changed under a row lock.
+
+Each operation runs in ``transaction.atomic(using=router.db_for_write(DebounceKey))``:
+an ``INSERT ... ON CONFLICT DO NOTHING`` makes sure the row exists (so the first trigger of
+a key from several processes at once makes one row and no IntegrityError), then
+``select_for_update()`` locks it. SQLite has no row locks: there the insert is the first
+statement of the transaction, which takes SQLite's write lock at once and waits for it with
+the connection's busy timeout, so several writer processes queue instead of failing with
+"database is locked" (a deferred transaction that reads first cannot upgrade its lock).
+Times come from the database's clock (``Now()``: ``STATEMENT_TIMESTAMP()`` on PostgreSQL).
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import router, transaction
+from django.db.models.functions import Now
+from django.utils import timezone
+
+from django_debounce.backends.base import BaseBackend
+from django_debounce.models import DebounceKey, DebounceRun
+from django_debounce.state import (
+    Claim,
+    Dispatch,
+    FireAction,
+    FireDecision,
+    TriggerResult,
+)
+
+State = DebounceKey.State
+
+
+def _seconds(delta: timedelta) -> float:
+    return max(delta.total_seconds(), 0.0)
+
+
+class DatabaseBackend(BaseBackend):
+    """Row-lock store on any Django database (PostgreSQL, SQLite, MySQL)."""
+
+    name = "database"
+
+    # -- plumbing -------------------------------------------------------------------------
+
+    @property
+    def alias(self) -> str:
+        return router.db_for_write(DebounceKey)
+
+    def _lock(self, key_hash: str, now: datetime | None = None) -> tuple[DebounceKey | None, datetime]:
+        row = (
+            DebounceKey.objects.using(self.alias)
+            .select_for_update()
+            .annotate(db_now=Now())
+            .filter(key_hash=key_hash)
+            .first()
+        )
+        if row is None:
+            return None, now or timezone.now()
+        return row, now or row.db_now
+
+    def _save(self, row: DebounceKey) -> None:
+        row.state = (
+            State.RUNNING if row.running_until is not None
+            else State.PENDING if row.pending
+            else State.IDLE
+        )
+        row.save(using=self.alias)
+
+    def _schedule(self, row: DebounceKey, at: datetime, now: datetime) -> Dispatch:
+        """Mark a new dispatch message outstanding for ``at`` (fencing the older ones)."""
+        row.scheduled_seq += 1
+        row.scheduled = True
+        row.scheduled_at = at
+        return Dispatch(row.key_hash, row.scheduled_seq, _seconds(at - now))
+
+    def _recover_lease(self, row: DebounceKey, now: datetime) -> None:
+        """A live run whose lease ran out is lost: its triggers go back to pending (I7)."""
+        if row.running_until is None or row.running_until > now:
+            return
+        DebounceRun.objects.using(self.alias).filter(
+            debounce_key_id=row.pk, run_id=row.run_id, outcome=DebounceRun.Outcome.RUNNING
+        ).update(outcome=DebounceRun.Outcome.LOST, finished_at=now, error="lease ran out")
+        claimed = row.run_triggers
+        row.runs = max(row.runs - 1, 0)
+        row.merged = max(row.merged - max(claimed - 1, 0), 0)
+        if row.pending == 0:
+            row.flight_id += 1
+            row.first_trigger_at = row.run_first_trigger_at
+            row.last_trigger_at = row.run_first_trigger_at
+            row.payload = row.run_payload
+            row.due_at = now
+        else:
+            row.first_trigger_at = min(row.first_trigger_at, row.run_first_trigger_at or now)
+            row.due_at = min(row.due_at, now)
+        row.pending += claimed
+        row.running_until = None
+        row.run_triggers = 0
+        row.run_payload = None
+        row.run_first_trigger_at = None
+        row.last_outcome = DebounceRun.Outcome.LOST
+
+    # -- operations -----------------------------------------------------------------------
+
+    def trigger(self, *, task_name, key, key_hash, payload, wait, max_wait):
+        with transaction.atomic(using=self.alias):
+            DebounceKey.objects.using(self.alias).bulk_create(
+                [DebounceKey(key=key, key_hash=key_hash, task_name=task_name,
+                             scheduled_seq=_seq_base())],
+                ignore_conflicts=True,
+            )
+            row, now = self._lock(key_hash)
+            assert row is not None
+            self._recover_lease(row, now)
+            undo = {
+                "opened": row.pending == 0,
+                "payload": row.payload,
+                "last_trigger_at": row.last_trigger_at,
+                "due_at": row.due_at,
+            }
+            if row.pending == 0:
+                row.flight_id += 1
+                row.first_trigger_at = now
+            row.pending += 1
+            row.triggers += 1
+            row.last_trigger_at = now
+            row.payload = payload
+            due = now + timedelta(seconds=wait)
+            if max_wait is not None:
+                due = min(due, row.first_trigger_at + timedelta(seconds=max_wait))
+            row.due_at = due
+            dispatch = None
+            lost_message = (
+                row.scheduled
+                and row.scheduled_at is not None
+                and row.scheduled_at + timedelta(seconds=_grace()) < now
+            )
+            if not row.scheduled or lost_message:
+                dispatch = self._schedule(row, due, now)
+            self._save(row)
+        result = TriggerResult(
+            key=key, flight_id=row.flight_id, pending=row.pending, due_at=row.due_at,
+            scheduled=dispatch is not None,
+        )
+        return result, dispatch, undo
+
+    def abort_trigger(self, key_hash, seq, undo):
+        with transaction.atomic(using=self.alias):
+            row, _now = self._lock(key_hash)
+            if row is None or row.scheduled_seq != seq or not row.scheduled or row.pending == 0:
+                return
+            row.scheduled = False
+            row.scheduled_at = None
+            row.pending -= 1
+            row.triggers -= 1
+            if row.pending == 0:
+                row.flight_id -= 1 if undo["opened"] else 0
+                row.first_trigger_at = row.last_trigger_at = row.due_at = None
+                row.payload = None
+            else:
+                row.payload = undo["payload"]
+                row.last_trigger_at = undo["last_trigger_at"]
+                row.due_at = undo["due_at"]
+            self._save(row)
+
+    def fire(self, key_hash, seq, *, overlap, lease, now=None):
+        with transaction.atomic(using=self.alias):
+            row, now = self._lock(key_hash, now)
+            if row is None:
+                return FireDecision(FireAction.DROP)
+            self._recover_lease(row, now)
+            if seq is not None and (seq != row.scheduled_seq or not row.scheduled):
+                self._save(row)
+                return FireDecision(FireAction.DROP)
+            if row.pending == 0:
+                row.scheduled = False
+                self._save(row)
+                return FireDecision(FireAction.DROP)
+            if now < row.due_at:
+                dispatch = self._schedule(row, row.due_at, now)
+                self._save(row)
+                return FireDecision(FireAction.REARM, dispatch=dispatch)
+            if row.running_until is not None and not overlap:
+                # The finishing run schedules this flight; this message comes back when the
+                # live run's lease runs out, so a run whose worker died is still redone (I7).
+                dispatch = self._schedule(row, row.running_until, now)
+                self._save(row)
+                return FireDecision(FireAction.WAIT, dispatch=dispatch)
+            claim = self._claim(row, now, lease)
+            self._save(row)
+            DebounceRun.objects.using(self.alias).create(
+                debounce_key_id=row.pk, task_name=row.task_name, flight_id=claim.flight_id,
+                run_id=claim.run_id, triggers=claim.triggers,
+                first_trigger_at=claim.first_trigger_at, last_trigger_at=claim.last_trigger_at,
+                due_at=claim.due_at, started_at=now,
+                delay=_seconds(now - claim.last_trigger_at),
+            )
+        return FireDecision(FireAction.CLAIM, claim=claim)
+
+    def _claim(self, row: DebounceKey, now: datetime, lease: float) -> Claim:
+        row.run_id += 1
+        claim = Claim(
+            key_hash=row.key_hash, key=row.key, task_name=row.task_name, run_id=row.run_id,
+            flight_id=row.flight_id, triggers=row.pending, payload=row.payload,
+            first_trigger_at=row.first_trigger_at, last_trigger_at=row.last_trigger_at,
+            due_at=row.due_at, started_at=now,
+        )
+        row.running_until = now + timedelta(seconds=lease)
+        row.run_triggers = row.pending
+        row.run_payload = row.payload
+        row.run_first_trigger_at = row.first_trigger_at
+        row.runs += 1
+        row.merged += row.pending - 1
+        row.pending = 0
+        row.payload = None
+        row.first_trigger_at = None
+        row.due_at = None
+        row.scheduled = False
+        row.scheduled_at = None
+        row.last_run_at = now
+        return claim
+
+    def finish(self, key_hash, run_id, *, ok, error=""):
+        outcome = DebounceRun.Outcome.SUCCESS if ok else DebounceRun.Outcome.FAILURE
+        with transaction.atomic(using=self.alias):
+            row, now = self._lock(key_hash)
+            if row is None:
+                return None
+            DebounceRun.objects.using(self.alias).filter(
+                debounce_key_id=row.pk, run_id=run_id, outcome=DebounceRun.Outcome.RUNNING
+            ).update(outcome=outcome, finished_at=now, error=error)
+            if row.run_id != run_id or row.running_until is None:
+                return None  # a late finisher after its lease ran out changes nothing
+            row.running_until = None
+            row.run_triggers = 0
+            row.run_payload = None
+            row.run_first_trigger_at = None
+            row.last_outcome = outcome
+            dispatch = None
+            if row.pending:
+                at = max(row.due_at, now)
+                if not row.scheduled or row.scheduled_at is None or row.scheduled_at > at:
+                    dispatch = self._schedule(row, at, now)
+            self._save(row)
+        return dispatch
+
+    def heartbeat(self, key_hash, run_id, lease):
+        with transaction.atomic(using=self.alias):
+            row, now = self._lock(key_hash)
+            if row is None or row.run_id != run_id or row.running_until is None:
+                return False
+            if row.running_until < now:
+                return False
+            row.running_until = now + timedelta(seconds=lease)
+            self._save(row)
+        return True
+
+    def flush(self, key_hash):
+        with transaction.atomic(using=self.alias):
+            row, now = self._lock(key_hash)
+            if row is None or row.pending == 0:
+                return None
+            row.due_at = now
+            dispatch = self._schedule(row, now, now)
+            self._save(row)
+        return dispatch
+
+    def cancel(self, key_hash):
+        with transaction.atomic(using=self.alias):
+            row, _now = self._lock(key_hash)
+            if row is None or row.pending == 0:
+                return 0
+            dropped = row.pending
+            row.cancelled += dropped
+            row.pending = 0
+            row.payload = None
+            row.first_trigger_at = row.last_trigger_at = row.due_at = None
+            row.scheduled_seq += 1  # any outstanding message is now stale
+            row.scheduled = False
+            row.scheduled_at = None
+            self._save(row)
+        return dropped
+
+    def due_keys(self, now=None, task_names=None):
+        qs = DebounceKey.objects.using(self.alias).filter(pending__gt=0, due_at__lte=now or Now())
+        if task_names is not None:
+            qs = qs.filter(task_name__in=task_names)
+        return list(qs.order_by("due_at").values_list("task_name", "key_hash"))
+
+    def recover(self, *, grace):
+        out: list[tuple[str, Dispatch]] = []
+        qs = DebounceKey.objects.using(self.alias)
+        cutoff = timezone.now() - timedelta(seconds=grace)
+        candidates = list(
+            qs.filter(running_until__lt=timezone.now()).values_list("key_hash", flat=True)
+        ) + list(
+            qs.filter(pending__gt=0, scheduled=False, running_until__isnull=True)
+            .values_list("key_hash", flat=True)
+        ) + list(
+            qs.filter(pending__gt=0, scheduled=True, scheduled_at__lt=cutoff)
+            .values_list("key_hash", flat=True)
+        )
+        for key_hash in dict.fromkeys(candidates):
+            with transaction.atomic(using=self.alias):
+                row, now = self._lock(key_hash)
+                if row is None:
+                    continue
+                self._recover_lease(row, now)
+                overdue = (
+                    row.scheduled and row.scheduled_at is not None
+                    and row.scheduled_at + timedelta(seconds=grace) < now
+                )
+                if row.pending and row.running_until is None and (not row.scheduled or overdue):
+                    out.append((row.task_name, self._schedule(row, max(row.due_at, now), now)))
+                self._save(row)
+        return out
+
+    def pending_counts(self, key_hashes):
+        return dict(
+            DebounceKey.objects.using(self.alias)
+            .filter(key_hash__in=key_hashes)
+            .values_list("key_hash", "pending")
+        )
+
+
+def _seq_base() -> int:
+    """First dispatch sequence of a new row: microseconds since the epoch.
+
+    A key purged and created again starts above every sequence its earlier row issued, so a
+    late message of the old row can never match the new one (I5).
+    """
+    return int(time.time() * 1_000_000)
+
+
+def _grace() -> float:
+    from django_debounce import conf
+
+    return float(conf.get("DISPATCH_GRACE"))

@@ -1,0 +1,69 @@
+"""System checks: ``django_debounce.E001`` (backend path), ``W001`` (cache without atomic scripts),
+``W002`` (SQLite without an immediate transaction mode)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.core import checks
+from django.utils.module_loading import import_string
+
+from django_debounce import conf
+
+
+@checks.register()
+def check_backend(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """E001 when ``DEBOUNCE_BACKEND`` cannot be imported; W001 when the redis backend is set
+    on a cache alias that is not django-redis."""
+    from django_debounce.backends import backend_path
+
+    errors: list[checks.CheckMessage] = []
+    value = conf.get("BACKEND")
+    try:
+        import_string(backend_path(value))
+    except ImportError as exc:
+        errors.append(
+            checks.Error(
+                f"DEBOUNCE_BACKEND={value!r} cannot be imported: {exc}.",
+                hint="Use 'auto', 'redis', 'database', or the dotted path of a BaseBackend "
+                "subclass (install django-redis for the redis backend).",
+                id="django_debounce.E001",
+            )
+        )
+        return errors
+    if value == "redis":
+        alias = conf.get("CACHE_ALIAS")
+        backend = settings.CACHES.get(alias, {}).get("BACKEND", "")
+        if not backend.startswith("django_redis."):
+            errors.append(
+                checks.Warning(
+                    f"DEBOUNCE_BACKEND='redis' uses cache alias {alias!r}, whose backend "
+                    f"{backend!r} is not django-redis and has no atomic scripts.",
+                    hint="Point DEBOUNCE_CACHE_ALIAS at a django_redis.cache.RedisCache alias, "
+                    "or use DEBOUNCE_BACKEND='database'.",
+                    id="django_debounce.W001",
+                )
+            )
+    return errors
+
+
+@checks.register(checks.Tags.database)
+def check_sqlite(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """W002 when a SQLite database has no ``transaction_mode`` of IMMEDIATE."""
+    out: list[checks.CheckMessage] = []
+    for alias, db in settings.DATABASES.items():
+        if "sqlite" not in db.get("ENGINE", ""):
+            continue
+        mode = str(db.get("OPTIONS", {}).get("transaction_mode", "")).upper()
+        if mode != "IMMEDIATE":
+            out.append(
+                checks.Warning(
+                    f"SQLite database {alias!r} uses deferred transactions; several worker "
+                    "processes writing at once can fail with 'database is locked'.",
+                    hint="Set OPTIONS={'transaction_mode': 'IMMEDIATE', 'init_command': "
+                    "'PRAGMA journal_mode=WAL;', 'timeout': 20} on that database.",
+                    id="django_debounce.W002",
+                )
+            )
+    return out

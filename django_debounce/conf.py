@@ -1,0 +1,50 @@
+"""Settings of django-debounce, read when used so ``override_settings`` works.
+
+Every setting is flat and carries the ``DEBOUNCE_`` prefix (DESIGN.md section 3).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+
+DEFAULTS: dict[str, Any] = {
+    "BACKEND": "auto",
+    "CACHE_ALIAS": "default",
+    "DEFAULT_WAIT": 30,
+    "LEASE": 300,
+    "ON_COMMIT": True,
+    "ENABLED": True,
+    "ADMIN_ENABLED": True,
+    # Seconds a dispatch message may be overdue before recovery publishes it again.
+    "DISPATCH_GRACE": 60,
+}
+
+
+def get(name: str) -> Any:
+    """Return the value of setting ``DEBOUNCE_<name>``, or its default."""
+    return getattr(settings, f"DEBOUNCE_{name}", DEFAULTS[name])
+
+
+def seconds(value: Any, *, name: str, allow_none: bool = False) -> float | None:
+    """Normalise a duration given as seconds (int/float) or ``timedelta`` to float seconds.
+
+    Raises ``ImproperlyConfigured`` for negative or non-numeric values, naming ``name``.
+    """
+    if value is None:
+        if allow_none:
+            return None
+        raise ImproperlyConfigured(f"{name} must be a number of seconds or a timedelta, not None.")
+    if isinstance(value, timedelta):
+        value = value.total_seconds()
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ImproperlyConfigured(
+            f"{name} must be a number of seconds (int or float) or a timedelta, "
+            f"got {value!r} of type {type(value).__name__}."
+        )
+    if value < 0:
+        raise ImproperlyConfigured(f"{name} must be >= 0 seconds, got {value!r}.")
+    return float(value)

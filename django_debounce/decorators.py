@@ -1,0 +1,321 @@
+"""The public decorators: ``debounced_task``, ``debounced_receiver`` and ``trigger_many``."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
+
+from celery import shared_task
+from django.apps import apps
+from django.core.exceptions import ImproperlyConfigured
+from django.db import models, router
+from django.db.models.signals import post_delete
+from django.dispatch import Signal
+
+from django_debounce import conf
+from django_debounce.state import RunInfo, TriggerResult
+from django_debounce.tasks import DebouncedTask
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_LATER = {
+    "leading": "leading edges",
+    "collect": "collected payloads",
+}
+
+
+def _options(
+    *,
+    wait: Any,
+    max_wait: Any,
+    key: Callable[..., str] | None,
+    leading: bool,
+    trailing: bool,
+    overlap: bool,
+    collect: bool,
+    collect_limit: int,
+    lease: Any,
+    on_commit: bool | None,
+    backend: str | None,
+) -> dict[str, Any]:
+    """Validate decorator options into ``DebouncedTask`` class attributes."""
+    if leading or not trailing:
+        raise NotImplementedError(
+            "leading=True / trailing=False (lodash edge semantics) are not implemented in this "
+            "release; use the default trailing debounce, or max_wait= to bound the delay."
+        )
+    if collect:
+        raise NotImplementedError(
+            "collect=True (batched payloads) is not implemented in this release; trigger per key "
+            "and let each run receive the last payload."
+        )
+    if key is not None and not callable(key):
+        raise ImproperlyConfigured(f"key= must be a callable returning a str, got {key!r}.")
+    return {
+        "debounce_wait": conf.seconds(wait, name="wait", allow_none=True),
+        "debounce_max_wait": conf.seconds(max_wait, name="max_wait", allow_none=True),
+        "debounce_key": staticmethod(key) if key is not None else None,
+        "debounce_overlap": bool(overlap),
+        "debounce_on_commit": on_commit,
+        "debounce_lease": conf.seconds(lease, name="lease", allow_none=True),
+        "debounce_backend": backend,
+    }
+
+
+def debounced_task(
+    func: F | None = None,
+    *,
+    wait: float | Any = None,
+    max_wait: float | Any = None,
+    key: Callable[..., str] | None = None,
+    leading: bool = False,
+    trailing: bool = True,
+    overlap: bool = False,
+    collect: bool = False,
+    collect_limit: int = 1000,
+    lease: float | Any = None,
+    on_commit: bool | None = None,
+    backend: str | None = None,
+    **celery_options: Any,
+) -> Any:
+    """Make ``func`` a Celery task whose ``.trigger(...)`` runs it once per burst per key.
+
+    Arguments (durations in seconds, as ``int``/``float`` or ``timedelta``):
+
+    - ``wait``: quiet period; a trailing run starts ``wait`` after the last trigger
+      (``DEBOUNCE_DEFAULT_WAIT`` when omitted). ``wait=0`` with no overlap coalesces.
+    - ``max_wait``: bound from the first trigger of a flight to its run (``None``: unbounded),
+      as lodash's ``maxWait``.
+    - ``key``: callable with the task's signature returning the key string; default is the
+      task name plus the canonical JSON of the bound arguments.
+    - ``overlap``: allow two runs of one key at once (default ``False``).
+    - ``lease``: seconds a run may go without finishing or heartbeating (``DEBOUNCE_LEASE``).
+    - ``on_commit``: defer triggers made in a transaction to its commit (``DEBOUNCE_ON_COMMIT``).
+    - ``backend``: store of this task's keys (``DEBOUNCE_BACKEND`` when omitted).
+    - any other keyword is a Celery task option (``name``, ``queue``, ``time_limit``, ...).
+
+    Returns a Celery task (a ``DebouncedTask``, subclass of ``celery.Task``) with
+    ``trigger()``, ``flush()`` and ``cancel()``; ``delay()`` stays a plain Celery call.
+    The body may declare a keyword-only ``debounce`` parameter to receive a ``RunInfo``.
+    Raises ``ImproperlyConfigured`` for invalid options and ``NotImplementedError`` for
+    options not available in this release (``leading``, ``collect``).
+    """
+    options = _options(
+        wait=wait, max_wait=max_wait, key=key, leading=leading, trailing=trailing,
+        overlap=overlap, collect=collect, collect_limit=collect_limit, lease=lease,
+        on_commit=on_commit, backend=backend,
+    )
+
+    def decorate(fn: F) -> Any:
+        if celery_options.get("bind"):
+            raise ImproperlyConfigured(
+                "debounced_task does not support bind=True; declare a keyword-only `debounce` "
+                "parameter to receive run facts."
+            )
+        base = celery_options.pop("base", DebouncedTask)
+        if not (isinstance(base, type) and issubclass(base, DebouncedTask)):
+            raise ImproperlyConfigured("base= must be a subclass of django_debounce DebouncedTask.")
+        return shared_task(base=base, **options, **celery_options)(fn)
+
+    if func is not None:
+        return decorate(func)
+    return decorate
+
+
+# -- receivers ----------------------------------------------------------------------------
+
+
+def _json_safe(value: Any) -> tuple[bool, Any]:
+    if isinstance(value, (set, frozenset)):
+        value = sorted(value, key=repr)
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        return False, None
+    return True, value
+
+
+def _signal_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
+    out = {}
+    for name, value in kwargs.items():
+        if name in ("signal", "sender", "instance"):
+            continue
+        ok, safe = _json_safe(value)
+        if ok:
+            out[name] = safe
+    return out
+
+
+def _pk(value: Any) -> Any:
+    return value if isinstance(value, (int, str)) else str(value)
+
+
+def _label(obj: Any) -> str | None:
+    if isinstance(obj, type) and issubclass(obj, models.Model):
+        return obj._meta.label_lower
+    return None
+
+
+class DebouncedReceiverTask(DebouncedTask):
+    """Task behind ``@debounced_receiver``: the payload names a row, the body re-reads it."""
+
+    debounce_signals: tuple[Signal, ...] = ()
+    debounce_call_missing: bool = False
+    debounce_handler: Callable[..., Any] | None = None
+
+    def resolve(self, args: tuple, kwargs: dict) -> tuple[str, Any]:
+        """``trigger(instance)`` or ``trigger(Model, pk)``: key ``app_label.model:pk``."""
+        if len(args) == 1 and not kwargs and isinstance(args[0], models.Model):
+            instance = args[0]
+            payload = {"model": instance._meta.label_lower, "pk": _pk(instance.pk),
+                       "sender": None, "signal": None, "kwargs": {}}
+        elif len(args) == 2 and not kwargs and _label(args[0]):
+            payload = {"model": _label(args[0]), "pk": _pk(args[1]),
+                       "sender": None, "signal": None, "kwargs": {}}
+        else:
+            raise TypeError(
+                f"{self.name}.trigger() takes a model instance, or a model class and a primary "
+                f"key; got args={args!r} kwargs={kwargs!r}."
+            )
+        return self.key_for(payload), payload
+
+    def key_for(self, payload: dict[str, Any]) -> str:
+        if self.debounce_key is not None:
+            key = self.debounce_key(**payload)
+            if not isinstance(key, str):
+                raise TypeError(f"key= of {self.name} must return a str, got {key!r}.")
+            return key
+        if payload["model"] is None:
+            return f"{payload['sender'] or 'signal'}"
+        return f"{payload['model']}:{payload['pk']}"
+
+    def on_signal(self, signal: Signal, sender: Any, **kwargs: Any) -> None:
+        """Web side: one trigger per signal, deferred to the commit of the writing database."""
+        instance = kwargs.get("instance")
+        index = self.debounce_signals.index(signal) if signal in self.debounce_signals else None
+        payload = {
+            "model": instance._meta.label_lower if isinstance(instance, models.Model) else None,
+            "pk": _pk(instance.pk) if isinstance(instance, models.Model) else None,
+            "sender": _label(sender),
+            "signal": index,
+            "kwargs": _signal_kwargs(kwargs),
+        }
+        self.trigger_payload(self.key_for(payload), payload, using=kwargs.get("using"))
+
+
+def _receiver_body(
+    task_name_holder: list[Any],
+) -> Callable[..., Any]:
+    def body(model: str | None, pk: Any, sender: str | None, signal: int | None,
+             kwargs: dict[str, Any], *, debounce: RunInfo) -> Any:
+        task = task_name_holder[0]
+        handler = task.debounce_handler
+        sig = task.debounce_signals[signal] if signal is not None else None
+        model_cls = apps.get_model(model) if model else None
+        instance = None
+        if model_cls is not None and pk is not None:
+            # The database the model writes to, never a read replica.
+            alias = router.db_for_write(model_cls)
+            instance = model_cls._default_manager.using(alias).filter(pk=pk).first()
+            if instance is None and sig is not post_delete and not task.debounce_call_missing:
+                return None
+        sender_cls = apps.get_model(sender) if sender else model_cls
+        return handler(sender=sender_cls, pk=pk, instance=instance, signal=sig,
+                       debounce=debounce, **kwargs)
+
+    return body
+
+
+def debounced_receiver(
+    signal: Signal | list[Signal] | tuple[Signal, ...],
+    *,
+    sender: Any = None,
+    call_missing: bool = False,
+    wait: float | Any = None,
+    max_wait: float | Any = None,
+    key: Callable[..., str] | None = None,
+    leading: bool = False,
+    trailing: bool = True,
+    overlap: bool = False,
+    collect: bool = False,
+    collect_limit: int = 1000,
+    lease: float | Any = None,
+    on_commit: bool | None = None,
+    backend: str | None = None,
+    **celery_options: Any,
+) -> Callable[[F], Any]:
+    """Connect a handler to ``signal`` so it runs in a Celery worker once per burst per row.
+
+    The handler is called later, in the worker, with keyword arguments ``sender``, ``pk``,
+    ``instance`` (re-read from the database the model writes to; ``None`` when the row is
+    gone, and then the handler is called only for ``post_delete`` or with
+    ``call_missing=True``), ``signal``, the JSON-safe signal kwargs of the last trigger
+    (``created``, ``update_fields``, ``using``, ...) and ``debounce`` (a ``RunInfo``).
+    The default key is ``app_label.model:pk``; ``key=`` receives the payload's fields
+    (``model``, ``pk``, ``sender``, ``signal``, ``kwargs``) as keywords.
+    Other options are those of ``debounced_task``. Returns the task (use it with
+    ``trigger_many`` after bulk writes, or ``.flush(instance)``).
+    Triggers made in a transaction count when it commits (``on_commit``).
+    """
+    signals = tuple(signal) if isinstance(signal, (list, tuple)) else (signal,)
+    for sig in signals:
+        if not isinstance(sig, Signal):
+            raise TypeError(f"debounced_receiver expects a django.dispatch.Signal, got {sig!r}.")
+    options = _options(
+        wait=wait, max_wait=max_wait, key=key, leading=leading, trailing=trailing,
+        overlap=overlap, collect=collect, collect_limit=collect_limit, lease=lease,
+        on_commit=on_commit, backend=backend,
+    )
+
+    def decorate(handler: F) -> Any:
+        holder: list[Any] = []
+        body = _receiver_body(holder)
+        name = celery_options.pop("name", f"{handler.__module__}.{handler.__qualname__}")
+        body.__name__ = handler.__name__
+        body.__qualname__ = handler.__qualname__
+        body.__module__ = handler.__module__
+        body.__doc__ = handler.__doc__
+        task = shared_task(
+            base=DebouncedReceiverTask, name=name, **options,
+            debounce_signals=signals, debounce_call_missing=call_missing,
+            debounce_handler=staticmethod(handler), **celery_options,
+        )(body)
+        holder.append(task)
+
+        def on_signal(signal: Signal, sender: Any, **kwargs: Any) -> None:
+            task.on_signal(signal, sender, **kwargs)
+
+        for sig in signals:
+            sig.connect(on_signal, sender=sender, weak=False, dispatch_uid=f"django_debounce:{name}")
+        return task
+
+    return decorate
+
+
+def trigger_many(task: Any, payloads: Iterable[Any]) -> list[TriggerResult]:
+    """Trigger ``task`` once per item of ``payloads`` (for bulk writes, which send no signals).
+
+    For a ``debounced_receiver`` task, items are model instances (or primary keys, then
+    ``payloads`` must be a QuerySet). For a ``debounced_task``, an item is a tuple of
+    positional arguments, a dict of keyword arguments, or a single positional argument.
+    Returns one ``TriggerResult`` per item; triggers of one key merge as usual.
+    Raises ``TypeError`` when ``task`` is not a debounced task.
+    """
+    if not isinstance(task, DebouncedTask):
+        raise TypeError(f"trigger_many() needs a debounced task, got {task!r}.")
+    results = []
+    if isinstance(task, DebouncedReceiverTask):
+        model = getattr(payloads, "model", None)
+        for item in payloads:
+            args = (item,) if isinstance(item, models.Model) else (model, item)
+            results.append(task.trigger(*args))
+        return results
+    for item in payloads:
+        if isinstance(item, tuple):
+            results.append(task.trigger(*item))
+        elif isinstance(item, dict):
+            results.append(task.trigger(**item))
+        else:
+            results.append(task.trigger(item))
+    return results

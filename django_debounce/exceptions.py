@@ -1,0 +1,23 @@
+"""Errors that users of django-debounce can hit; each message says what to do."""
+
+from __future__ import annotations
+
+
+class DebounceError(Exception):
+    """Base class of every django-debounce error."""
+
+
+class PublishError(DebounceError):
+    """A dispatch message could not be published to the broker.
+
+    The trigger that caused it was undone (DESIGN.md invariant I8): retrying the
+    trigger once the broker is reachable is safe and publishes afresh.
+    """
+
+
+class UnknownTask(DebounceError):
+    """A task name read from the database is not a registered debounced task.
+
+    Import the module that defines the task in the worker and the web process
+    (``app.autodiscover_tasks()``), or purge the stale key with ``debounce_purge``.
+    """

@@ -1,0 +1,85 @@
+"""Building keys from a task's arguments, and hashing them for the stores."""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+from collections.abc import Callable
+from typing import Any
+
+RESERVED_PARAMETER = "debounce"
+
+
+def dumps(value: Any) -> str:
+    """Canonical JSON (sorted keys, no spaces, UTF-8 kept): the only encoding we store or send.
+
+    Raises ``TypeError`` naming the offending value when ``value`` is not JSON-serialisable.
+    """
+    try:
+        return json.dumps(
+            value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+        )
+    except (TypeError, ValueError) as exc:
+        raise TypeError(
+            f"django-debounce stores payloads as JSON and cannot encode {_offender(value)!r}: "
+            f"{exc}. Pass JSON values (str, int, float, bool, None, lists, dicts with str keys), "
+            "for example a primary key instead of a model instance."
+        ) from None
+
+
+def _offender(value: Any) -> Any:
+    """Find the first value inside ``value`` that JSON cannot encode (for error messages)."""
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    if isinstance(value, (list, tuple)):
+        for item in value:
+            found = _offender(item)
+            if not _is_json_scalar(found):
+                return found
+        return value
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if not isinstance(k, str):
+                return k
+            found = _offender(v)
+            if not _is_json_scalar(found):
+                return found
+        return value
+    return value
+
+
+def _is_json_scalar(value: Any) -> bool:
+    return value is None or isinstance(value, (str, int, float, bool, list, tuple, dict))
+
+
+def key_hash(task_name: str, key: str) -> str:
+    """The store identity of a key: SHA-256 hex of task name and readable key.
+
+    Hashing makes any length or character safe in every store; including the task name
+    keeps the same readable key of two tasks independent.
+    """
+    return hashlib.sha256(f"{task_name}\n{key}".encode()).hexdigest()
+
+
+def payload_signature(func: Callable[..., Any]) -> inspect.Signature:
+    """The signature of ``func`` without the keyword-only ``debounce`` parameter."""
+    sig = inspect.signature(func)
+    params = [p for name, p in sig.parameters.items() if name != RESERVED_PARAMETER]
+    return sig.replace(parameters=params)
+
+
+def bind_payload(sig: inspect.Signature, args: tuple, kwargs: dict) -> dict[str, Any]:
+    """Bind a trigger's arguments to the task signature, defaults applied.
+
+    Returns ``{"args": [...], "kwargs": {...}}`` so ``f(1)`` and ``f(x=1)`` give the same
+    payload (and so the same default key). Raises ``TypeError`` as a call would.
+    """
+    bound = sig.bind(*args, **kwargs)
+    bound.apply_defaults()
+    return {"args": list(bound.args), "kwargs": dict(bound.kwargs)}
+
+
+def default_key(task_name: str, payload: dict[str, Any]) -> str:
+    """Default readable key of a ``debounced_task``: task name plus canonical JSON of the payload."""
+    return f"{task_name}:{dumps(payload)}"

@@ -1,0 +1,106 @@
+"""Small value types returned by the stores and handed to task bodies."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+
+class KeyState(str, enum.Enum):
+    """Coarse state of a key, as shown in the admin."""
+
+    IDLE = "idle"
+    PENDING = "pending"
+    RUNNING = "running"
+
+
+@dataclass(frozen=True)
+class Dispatch:
+    """A dispatch message the caller must publish: ``countdown`` seconds from now, fenced by ``seq``."""
+
+    key_hash: str
+    seq: int
+    countdown: float
+
+
+@dataclass(frozen=True)
+class TriggerResult:
+    """What ``task.trigger(...)`` returns.
+
+    - ``key``: the readable key the trigger was counted under.
+    - ``flight_id``: the flight it joined (``None`` while deferred to ``on_commit``).
+    - ``pending``: triggers in that flight, this one included (``None`` while deferred).
+    - ``due_at``: aware UTC datetime when the flight may run (``None`` while deferred).
+    - ``scheduled``: ``True`` when this trigger published the dispatch message;
+      ``False`` when it was merged into a flight that already had one.
+    - ``deferred``: ``True`` when the trigger waits for the surrounding transaction to commit.
+    """
+
+    key: str
+    flight_id: int | None
+    pending: int | None
+    due_at: datetime | None
+    scheduled: bool
+    deferred: bool = False
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A due flight turned into a run by the worker (the *claim* step)."""
+
+    key_hash: str
+    key: str
+    task_name: str
+    run_id: int
+    flight_id: int
+    triggers: int
+    payload: Any
+    first_trigger_at: datetime
+    last_trigger_at: datetime
+    due_at: datetime
+    started_at: datetime
+
+
+class FireAction(str, enum.Enum):
+    """What the worker does with a dispatch message (decided by the store)."""
+
+    DROP = "drop"  # stale sequence, cancelled flight, nothing pending
+    REARM = "rearm"  # arrived before due_at: publish one new message for due_at
+    WAIT = "wait"  # another run of the key is live: the finishing run schedules the flight
+    CLAIM = "claim"  # run the body now
+
+
+@dataclass(frozen=True)
+class FireDecision:
+    """The store's answer to a dispatch message."""
+
+    action: FireAction
+    dispatch: Dispatch | None = None
+    claim: Claim | None = None
+
+
+@dataclass
+class RunInfo:
+    """Facts about the current run, given to a body that declares a ``debounce`` parameter.
+
+    ``triggers`` is how many triggers this run covers (``merged = triggers - 1``);
+    ``first_trigger_at``/``last_trigger_at`` are aware UTC datetimes.
+    Call ``heartbeat()`` from long runs to extend the lease (DEBOUNCE_LEASE seconds).
+    """
+
+    key: str
+    flight_id: int
+    run_id: int
+    triggers: int
+    first_trigger_at: datetime
+    last_trigger_at: datetime
+    _heartbeat: Callable[[], bool] | None = field(default=None, repr=False)
+
+    def heartbeat(self) -> bool:
+        """Extend this run's lease; returns ``False`` when the run is no longer current."""
+        if self._heartbeat is None:
+            return True
+        return self._heartbeat()

@@ -1,0 +1,221 @@
+"""The Celery task class: trigger -> fire -> claim -> run body -> finish.
+
+The state machine's rules live in the stores (``backends/``); this layer asks the store what to
+do with each trigger and each dispatch message and does it.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import traceback
+from functools import partial
+from typing import Any, Callable
+
+from celery import Task
+from django.db import DEFAULT_DB_ALIAS, connections, transaction
+
+from django_debounce import conf
+from django_debounce.backends import get_backend
+from django_debounce.backends.base import BaseBackend
+from django_debounce.dispatch import DISPATCH_KWARG, is_eager, publish, publish_quietly
+from django_debounce.exceptions import PublishError
+from django_debounce.keys import (
+    RESERVED_PARAMETER,
+    bind_payload,
+    default_key,
+    dumps,
+    key_hash,
+    payload_signature,
+)
+from django_debounce.state import Claim, FireAction, RunInfo, TriggerResult
+
+logger = logging.getLogger("django_debounce")
+
+
+class DebouncedTask(Task):
+    """A Celery task whose ``trigger()`` is debounced per key (DESIGN.md sections 3 and 4).
+
+    ``delay()``/``apply_async()`` stay plain Celery calls. Dispatch messages carry only the
+    key hash and a sequence number; the payload is read from the store at claim time.
+    """
+
+    typing = False  # dispatch messages carry a reserved keyword the body does not declare
+
+    debounce_wait: float | None = None
+    debounce_max_wait: float | None = None
+    debounce_key: Callable[..., str] | None = None
+    debounce_overlap: bool = False
+    debounce_on_commit: bool | None = None
+    debounce_lease: float | None = None
+    debounce_backend: str | None = None
+
+    # -- configuration read when used ----------------------------------------------------
+
+    @property
+    def wait(self) -> float:
+        """Quiet period in seconds (``DEBOUNCE_DEFAULT_WAIT`` when the decorator gave none)."""
+        if self.debounce_wait is not None:
+            return self.debounce_wait
+        return conf.seconds(conf.get("DEFAULT_WAIT"), name="DEBOUNCE_DEFAULT_WAIT")  # type: ignore[return-value]
+
+    @property
+    def lease(self) -> float:
+        """Seconds a claimed run may go without finishing or heartbeating."""
+        if self.debounce_lease is not None:
+            return self.debounce_lease
+        return conf.seconds(conf.get("LEASE"), name="DEBOUNCE_LEASE")  # type: ignore[return-value]
+
+    def get_backend(self) -> BaseBackend:
+        """The store of this task's keys (``backend=`` of the decorator or ``DEBOUNCE_BACKEND``)."""
+        return get_backend(self.debounce_backend)
+
+    @property
+    def _payload_sig(self) -> inspect.Signature:
+        sig = self.__dict__.get("_sig")
+        if sig is None:
+            sig = self.__dict__["_sig"] = payload_signature(self.run)
+        return sig
+
+    def _wants_runinfo(self) -> bool:
+        return RESERVED_PARAMETER in inspect.signature(self.run).parameters
+
+    # -- keys and payloads ----------------------------------------------------------------
+
+    def resolve(self, args: tuple, kwargs: dict) -> tuple[str, Any]:
+        """Map trigger arguments to ``(readable key, JSON payload)``.
+
+        Raises ``TypeError`` when the arguments do not fit the task's signature, when the
+        payload is not JSON-serialisable, or when ``key=`` does not return a string.
+        """
+        payload = bind_payload(self._payload_sig, args, kwargs)
+        dumps(payload)
+        if self.debounce_key is None:
+            return default_key(self.name, payload), payload
+        key = self.debounce_key(*payload["args"], **payload["kwargs"])
+        if not isinstance(key, str):
+            raise TypeError(
+                f"key= of {self.name} must return a str, got {type(key).__name__}: {key!r}."
+            )
+        return key, payload
+
+    # -- the public face ------------------------------------------------------------------
+
+    def trigger(self, *args: Any, **kwargs: Any) -> TriggerResult:
+        """Count one trigger for the key of these arguments; the body runs later, once per burst.
+
+        Arguments are those of the task body and must be JSON-serialisable. Inside
+        ``transaction.atomic()`` the trigger counts only when the transaction commits
+        (``on_commit=True``, the default); the result then has ``deferred=True``.
+
+        Returns a ``TriggerResult``. Raises ``TypeError`` for arguments that do not fit the
+        signature or are not JSON, and ``PublishError`` when the broker refuses the dispatch
+        message (the trigger is then not counted, invariant I8).
+        """
+        key, payload = self.resolve(args, kwargs)
+        return self.trigger_payload(key, payload)
+
+    def trigger_payload(self, key: str, payload: Any, *, using: str | None = None) -> TriggerResult:
+        """Count one trigger for an already resolved ``key`` and JSON ``payload``.
+
+        ``using`` is the database alias whose transaction defers the trigger (default alias
+        when ``None``).
+        """
+        if not conf.get("ENABLED"):
+            return TriggerResult(key, None, None, None, scheduled=False)
+        on_commit = self.debounce_on_commit
+        if on_commit is None:
+            on_commit = bool(conf.get("ON_COMMIT"))
+        alias = using or DEFAULT_DB_ALIAS
+        if on_commit and connections[alias].in_atomic_block:
+            transaction.on_commit(partial(self._trigger_now, key, payload), using=alias)
+            return TriggerResult(key, None, None, None, scheduled=False, deferred=True)
+        return self._trigger_now(key, payload)
+
+    def _trigger_now(self, key: str, payload: Any) -> TriggerResult:
+        backend = self.get_backend()
+        wait = self.wait
+        max_wait = self.debounce_max_wait
+        result, dispatch, undo = backend.trigger(
+            task_name=self.name, key=key, key_hash=key_hash(self.name, key), payload=payload,
+            wait=wait, max_wait=max_wait,
+        )
+        if dispatch is not None:
+            try:
+                publish(self, dispatch)
+            except PublishError:
+                backend.abort_trigger(dispatch.key_hash, dispatch.seq, undo or {})
+                raise
+        return result
+
+    def flush(self, *args: Any, **kwargs: Any) -> bool:
+        """Run the pending flight for these arguments now; returns ``False`` when none is pending.
+
+        A live run of the key is not interrupted: the flight runs when it finishes.
+        Under ``task_always_eager`` the flight runs in this process before ``flush`` returns.
+        """
+        key, _payload = self.resolve(args, kwargs)
+        return self.flush_key(key_hash(self.name, key))
+
+    def flush_key(self, hashed: str) -> bool:
+        """``flush`` for a key hash (admin "run now")."""
+        backend = self.get_backend()
+        dispatch = backend.flush(hashed)
+        if dispatch is None:
+            return False
+        if is_eager(self):
+            self.fire(hashed, dispatch.seq)
+        else:
+            publish_quietly(self, dispatch)
+        return True
+
+    def cancel(self, *args: Any, **kwargs: Any) -> int:
+        """Drop the pending flight for these arguments; returns how many triggers were dropped."""
+        key, _payload = self.resolve(args, kwargs)
+        return self.get_backend().cancel(key_hash(self.name, key))
+
+    # -- worker side ----------------------------------------------------------------------
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        message = kwargs.pop(DISPATCH_KWARG, None)
+        if message is None:
+            return super().__call__(*args, **kwargs)
+        if not isinstance(message, dict) or set(message) != {"k", "s"}:
+            logger.error("django_debounce: malformed dispatch message for %s dropped", self.name)
+            return None
+        return self.fire(str(message["k"]), int(message["s"]))
+
+    def fire(self, hashed: str, seq: int | None) -> Any:
+        """Handle one dispatch message (``seq=None``: in-process, no fencing); returns the body's
+        result when this message claimed the flight, else ``None``."""
+        backend = self.get_backend()
+        decision = backend.fire(hashed, seq, overlap=self.debounce_overlap, lease=self.lease)
+        if decision.dispatch is not None:
+            publish_quietly(self, decision.dispatch)
+        if decision.action is not FireAction.CLAIM or decision.claim is None:
+            return None
+        return self.run_claim(backend, decision.claim)
+
+    def run_claim(self, backend: BaseBackend, claim: Claim) -> Any:
+        """Execute the body for a claimed flight, then record the finish and schedule what
+        arrived meanwhile."""
+        info = RunInfo(
+            key=claim.key, flight_id=claim.flight_id, run_id=claim.run_id,
+            triggers=claim.triggers, first_trigger_at=claim.first_trigger_at,
+            last_trigger_at=claim.last_trigger_at,
+            _heartbeat=partial(backend.heartbeat, claim.key_hash, claim.run_id, self.lease),
+        )
+        payload = claim.payload or {"args": [], "kwargs": {}}
+        extra = {RESERVED_PARAMETER: info} if self._wants_runinfo() else {}
+        try:
+            result = super().__call__(*payload["args"], **payload["kwargs"], **extra)
+        except Exception as exc:
+            error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+            follow = backend.finish(claim.key_hash, claim.run_id, ok=False, error=error)
+            if follow is not None:
+                publish_quietly(self, follow)
+            raise
+        follow = backend.finish(claim.key_hash, claim.run_id, ok=True)
+        if follow is not None:
+            publish_quietly(self, follow)
+        return result

@@ -1,0 +1,65 @@
+"""Helpers for your own tests: run every due flight in-process, no worker needed.
+
+Under Celery's ``task_always_eager`` a trigger never runs the body at trigger time: it stays
+pending until ``run_due()`` or a flush, so tests cannot pass by accident.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import datetime
+from typing import Any
+
+from django_debounce.backends import get_backend
+from django_debounce.exceptions import UnknownTask
+from django_debounce.state import FireAction
+
+
+def get_debounced_task(name: str) -> Any:
+    """The registered ``DebouncedTask`` called ``name``.
+
+    Raises ``UnknownTask`` for names that are not registered debounced tasks, so a name read
+    from the database never dispatches an arbitrary task.
+    """
+    from celery import current_app
+
+    from django_debounce.tasks import DebouncedTask
+
+    task = current_app.tasks.get(name)
+    if not isinstance(task, DebouncedTask):
+        raise UnknownTask(
+            f"{name!r} is not a registered debounced task in Celery app {current_app.main!r}; "
+            "import the module that defines it, or purge its keys with debounce_purge."
+        )
+    return task
+
+
+def run_due(now: datetime | None = None, *, backend: str | None = None) -> int:
+    """Claim and run every flight due at ``now`` (default: the store's clock) in this process.
+
+    ``now`` is an aware datetime; pass a future time to run flights whose ``wait`` has not
+    passed yet. Returns how many runs executed. Exceptions of a body propagate after its
+    failure is recorded.
+    """
+    store = get_backend(backend)
+    count = 0
+    for task_name, key_hash in store.due_keys(now):
+        task = get_debounced_task(task_name)
+        decision = task.get_backend().fire(
+            key_hash, None, overlap=task.debounce_overlap, lease=task.lease, now=now
+        )
+        if decision.action is FireAction.CLAIM and decision.claim is not None:
+            task.run_claim(task.get_backend(), decision.claim)
+            count += 1
+    return count
+
+
+try:
+    import pytest
+
+    @pytest.fixture
+    def debounce_run_due() -> Iterator[Any]:
+        """Pytest fixture: a callable that runs every due flight now (``run_due``)."""
+        yield run_due
+except ImportError:  # pragma: no cover - pytest is optional at runtime
+    pass

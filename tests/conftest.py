@@ -1,0 +1,122 @@
+"""Fixtures shared by the suite: one real Celery worker process group per session, polling
+helpers with deadlines, and a clean broker.
+
+Servers come from ``scripts/test`` (their URLs are in the environment); the worker is started
+here, after the test database exists, and stopped at the end of the session.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from django.conf import settings
+
+import tests.celery_app  # noqa: F401  (the app every task of the suite publishes through)
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def wait_for(predicate: Callable[[], Any], *, timeout: float = 20.0, interval: float = 0.05,
+             message: str = "condition") -> Any:
+    """Poll ``predicate`` until it returns a truthy value or ``timeout`` seconds pass."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {message}")
+        time.sleep(interval)
+
+
+def stays(predicate: Callable[[], Any], *, duration: float, interval: float = 0.05) -> bool:
+    """True when ``predicate`` holds for the whole of ``duration`` seconds (checked by polling)."""
+    deadline = time.monotonic() + duration
+    while time.monotonic() < deadline:
+        if not predicate():
+            return False
+        time.sleep(interval)
+    return bool(predicate())
+
+
+@pytest.fixture(scope="session")
+def broker() -> redis.Redis:
+    client = redis.Redis.from_url(settings.CELERY_BROKER_URL)
+    client.ping()  # fail, do not skip, when Redis is not there
+    return client
+
+
+class Worker:
+    """A real ``celery worker`` (prefork) subprocess running the test app's tasks."""
+
+    def __init__(self, concurrency: int = 4) -> None:
+        self.concurrency = concurrency
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log = Path(os.environ.get("TMPDIR", "/tmp")) / f"debounce-worker-{os.getpid()}.log"
+
+    def start(self) -> None:
+        env = dict(os.environ, DEBOUNCE_TEST_WORKER="1", DJANGO_SETTINGS_MODULE="tests.settings",
+                   PYTHONPATH=str(ROOT))
+        self._out = open(self.log, "ab")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "tests.celery_app", "worker",
+             "--pool", "prefork", "--concurrency", str(self.concurrency), "--loglevel", "INFO",
+             "--without-gossip", "--without-mingle", "--without-heartbeat",
+             "--hostname", f"tests-{os.getpid()}@localhost"],
+            cwd=ROOT, env=env, stdout=self._out, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        wait_for(self._ready, timeout=60, interval=0.2, message="the Celery worker to be ready")
+
+    def _ready(self) -> bool:
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"Celery worker exited with {self.proc.returncode}; see {self.log}:\n"
+                               + self.log.read_text()[-3000:])
+        return b"ready." in self.log.read_bytes()
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        self._out.close()
+
+
+@pytest.fixture(scope="session")
+def celery_worker_session(django_db_setup: Any, broker: redis.Redis) -> Iterator[Worker]:
+    broker.flushdb()
+    worker = Worker()
+    worker.start()
+    yield worker
+    worker.stop()
+
+
+@pytest.fixture
+def worker(celery_worker_session: Worker, transactional_db: Any) -> Iterator[Worker]:
+    """A live worker and a database whose commits the worker sees (flushed after the test)."""
+    yield celery_worker_session
+    # Let runs started by this test end before the tables are flushed.
+    from django_debounce.models import DebounceKey
+
+    wait_for(lambda: not DebounceKey.objects.filter(state="running").exists(), timeout=30,
+             message="runs of this test to finish")
+
+
+@pytest.fixture
+def unique_tag(request: pytest.FixtureRequest) -> str:
+    """A tag unique to this test, for keys that must not meet keys of other tests."""
+    return f"{request.node.name}-{time.monotonic_ns()}"

@@ -1,0 +1,126 @@
+"""Settings of the test suite: real PostgreSQL or SQLite (``DEBOUNCE_TEST_DB``), real Redis.
+
+``scripts/test`` starts throwaway servers and exports their URLs; running pytest without them
+fails at once rather than skipping.
+"""
+
+import os
+import tempfile
+from urllib.parse import urlparse
+
+from django.core.exceptions import ImproperlyConfigured
+
+
+def _need(name: str) -> str:
+    value = os.environ.get(name)
+    if not value:
+        raise ImproperlyConfigured(
+            f"{name} is not set. Run the suite with scripts/test, which starts throwaway "
+            "Redis and PostgreSQL servers and exports their URLs."
+        )
+    return value
+
+
+SECRET_KEY = "tests-only"
+DEBUG = False
+USE_TZ = True
+TIME_ZONE = "UTC"
+ROOT_URLCONF = "tests.urls"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django_debounce",
+    "tests.testapp",
+]
+MIDDLEWARE = [
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+
+DB_VENDOR = os.environ.get("DEBOUNCE_TEST_DB", "postgresql")
+IN_WORKER = os.environ.get("DEBOUNCE_TEST_WORKER") == "1"
+REDIS_URL = _need("DEBOUNCE_TEST_REDIS_URL")
+
+if DB_VENDOR == "postgresql":
+    pg = urlparse(_need("DEBOUNCE_TEST_POSTGRES_URL"))
+    name = pg.path.lstrip("/")
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.postgresql",
+            "NAME": f"test_{name}" if IN_WORKER else name,
+            "USER": pg.username or "postgres",
+            "PASSWORD": pg.password or "",
+            "HOST": pg.hostname,
+            "PORT": pg.port,
+            "TEST": {"NAME": f"test_{name}"},
+        }
+    }
+elif DB_VENDOR == "sqlite":
+    path = os.environ.setdefault(
+        "DEBOUNCE_TEST_SQLITE_PATH",
+        os.path.join(tempfile.mkdtemp(prefix="debounce-sqlite-"), "test.sqlite3"),
+    )
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": path,
+            "TEST": {"NAME": path},
+            "OPTIONS": {
+                "transaction_mode": "IMMEDIATE",
+                "init_command": "PRAGMA journal_mode=WAL;",
+                "timeout": 30,
+            },
+        }
+    }
+else:
+    raise ImproperlyConfigured(f"DEBOUNCE_TEST_DB must be 'postgresql' or 'sqlite', not {DB_VENDOR!r}")
+
+CACHES = {
+    "default": {
+        "BACKEND": "django_redis.cache.RedisCache",
+        "LOCATION": REDIS_URL.rsplit("/", 1)[0] + "/2",
+    }
+}
+
+# A broker database of its own, flushed at the start of every session.
+CELERY_BROKER_URL = REDIS_URL.rsplit("/", 1)[0] + "/1"
+CELERY_TASK_DEFAULT_QUEUE = "debounce-tests"
+CELERY_TASK_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_RESULT_BACKEND = None
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600}
+
+DEBOUNCE_BACKEND = os.environ.get("DEBOUNCE_TEST_BACKEND", "database")
+DEBOUNCE_DEFAULT_WAIT = 0.3
+DEBOUNCE_LEASE = 60
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "loggers": {"django_debounce": {"handlers": ["console"], "level": "WARNING"}},
+}

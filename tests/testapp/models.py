@@ -1,0 +1,26 @@
+from django.db import models
+
+
+class Item(models.Model):
+    name = models.CharField(max_length=100, default="")
+    value = models.IntegerField(default=0)
+
+
+class OtherItem(models.Model):
+    value = models.IntegerField(default=0)
+
+
+class RunLog(models.Model):
+    """One row per execution of a test task body, written by the worker processes."""
+
+    task = models.CharField(max_length=200)
+    key = models.TextField(blank=True, default="")
+    tag = models.CharField(max_length=200, blank=True, default="")
+    payload = models.JSONField(null=True)
+    value_seen = models.IntegerField(null=True)
+    triggers = models.IntegerField(null=True)
+    flight_id = models.IntegerField(null=True)
+    run_id = models.IntegerField(null=True)
+    pid = models.IntegerField()
+    started = models.FloatField()
+    finished = models.FloatField(null=True)
