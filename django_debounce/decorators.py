@@ -180,6 +180,10 @@ class DebouncedReceiverTask(DebouncedTask):
             )
         return self.key_for(payload), payload
 
+    def call_arguments(self, payload: Any) -> tuple[list[Any], dict[str, Any]]:
+        """The receiver body takes the payload's fields as keywords."""
+        return [], dict(payload)
+
     def key_for(self, payload: dict[str, Any]) -> str:
         if self.debounce_key is not None:
             key = self.debounce_key(**payload)

@@ -99,6 +99,11 @@ class DebouncedTask(Task):
             )
         return key, payload
 
+    def call_arguments(self, payload: Any) -> tuple[list[Any], dict[str, Any]]:
+        """Turn a stored payload back into the body's positional and keyword arguments."""
+        payload = payload or {"args": [], "kwargs": {}}
+        return list(payload["args"]), dict(payload["kwargs"])
+
     # -- the public face ------------------------------------------------------------------
 
     def trigger(self, *args: Any, **kwargs: Any) -> TriggerResult:
@@ -205,10 +210,11 @@ class DebouncedTask(Task):
             last_trigger_at=claim.last_trigger_at,
             _heartbeat=partial(backend.heartbeat, claim.key_hash, claim.run_id, self.lease),
         )
-        payload = claim.payload or {"args": [], "kwargs": {}}
-        extra = {RESERVED_PARAMETER: info} if self._wants_runinfo() else {}
+        args, kwargs = self.call_arguments(claim.payload)
+        if self._wants_runinfo():
+            kwargs[RESERVED_PARAMETER] = info
         try:
-            result = super().__call__(*payload["args"], **payload["kwargs"], **extra)
+            result = super().__call__(*args, **kwargs)
         except Exception as exc:
             error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
             follow = backend.finish(claim.key_hash, claim.run_id, ok=False, error=error)

@@ -24,3 +24,9 @@ class RunLog(models.Model):
     pid = models.IntegerField()
     started = models.FloatField()
     finished = models.FloatField(null=True)
+
+
+class Doc(models.Model):
+    """Saved by the on-commit tests; its receiver coalesces (wait 0) so a worker is ready at once."""
+
+    value = models.IntegerField(default=0)

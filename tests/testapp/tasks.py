@@ -6,7 +6,7 @@ import time
 from django.db.models.signals import post_save
 
 from django_debounce import RunInfo, debounced_receiver, debounced_task
-from tests.testapp.models import Item, OtherItem, RunLog
+from tests.testapp.models import Doc, Item, OtherItem, RunLog
 
 
 def _log(task: str, tag: str, debounce: RunInfo | None, **fields) -> RunLog:
@@ -68,3 +68,19 @@ def other_saved(sender, instance, pk, debounce, **kwargs):
 def item_slow(sender, instance, pk, debounce, **kwargs):
     if instance is not None and instance.name.startswith("slow"):
         _log("testapp.item_slow", instance.name, debounce, value_seen=instance.value)
+
+
+@debounced_task(wait=0, name="testapp.coalesce")
+def coalesce(tag: str, sleep: float = 0.0, *, debounce: RunInfo) -> None:
+    _body("testapp.coalesce", tag, sleep, debounce)
+
+
+@debounced_task(wait=0.2, max_wait=1.0, name="testapp.bounded")
+def bounded(tag: str, *, debounce: RunInfo) -> None:
+    _body("testapp.bounded", tag, 0.05, debounce)
+
+
+@debounced_receiver(post_save, sender=Doc, wait=0, name="testapp.doc_saved")
+def doc_saved(sender, instance, pk, debounce, **kwargs):
+    _log("testapp.doc_saved", "", debounce, value_seen=instance.value if instance else None,
+         payload={"pk": pk, "created": kwargs.get("created")})
