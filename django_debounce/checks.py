@@ -51,8 +51,13 @@ def check_backend(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMe
 @checks.register(checks.Tags.database)
 def check_sqlite(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """W002 when a SQLite database has no ``transaction_mode`` of IMMEDIATE."""
+    return sqlite_warnings(settings.DATABASES)
+
+
+def sqlite_warnings(databases: dict[str, dict[str, Any]]) -> list[checks.CheckMessage]:
+    """The W002 warnings for a ``DATABASES``-shaped dict."""
     out: list[checks.CheckMessage] = []
-    for alias, db in settings.DATABASES.items():
+    for alias, db in databases.items():
         if "sqlite" not in db.get("ENGINE", ""):
             continue
         mode = str(db.get("OPTIONS", {}).get("transaction_mode", "")).upper()

@@ -1,0 +1,158 @@
+"""The public API's contract without a worker: keys, validation, errors, eager mode, checks."""
+
+from __future__ import annotations
+
+import io
+from datetime import timedelta
+
+import pytest
+from celery import Task
+from django.core.exceptions import ImproperlyConfigured
+from django.core.management import call_command
+from django.test import override_settings
+from django.utils import timezone
+
+from django_debounce import debounced_task
+from django_debounce.checks import check_backend, sqlite_warnings
+from django_debounce.models import DebounceKey, DebounceRun
+from django_debounce.testing import run_due
+from tests.celery_app import app
+from tests.testapp.models import RunLog
+from tests.testapp.tasks import record, record_slow
+
+
+def test_debounced_task_is_a_real_celery_task():
+    assert isinstance(record, Task)
+    assert record.name == "testapp.record"
+    assert "testapp.record" in app.tasks
+
+
+def test_positional_and_keyword_arguments_share_a_key():
+    assert record.resolve(("a",), {})[0] == record.resolve((), {"tag": "a"})[0]
+    assert record.resolve(("a",), {})[0] == record.resolve(("a", 0.0), {})[0]
+    assert record.resolve(("a",), {})[0] != record.resolve(("b",), {})[0]
+
+
+@pytest.mark.django_db
+def test_non_json_payload_is_refused_and_nothing_stored():
+    with pytest.raises(TypeError, match="JSON"):
+        record.trigger(object())
+    with pytest.raises(TypeError, match="datetime"):
+        record.trigger({"when": timezone.now()})
+    assert not DebounceKey.objects.exists()
+
+
+def test_wrong_arguments_raise_type_error():
+    with pytest.raises(TypeError):
+        record.trigger()
+    with pytest.raises(TypeError):
+        record.trigger("a", nope=1)
+
+
+@pytest.mark.parametrize(
+    "options, error",
+    [
+        ({"wait": -1}, ImproperlyConfigured),
+        ({"wait": "5"}, ImproperlyConfigured),
+        ({"max_wait": -0.5}, ImproperlyConfigured),
+        ({"key": "not callable"}, ImproperlyConfigured),
+        ({"leading": True}, NotImplementedError),
+        ({"collect": True}, NotImplementedError),
+    ],
+)
+def test_bad_decorator_options_name_the_fix(options, error):
+    with pytest.raises(error):
+        debounced_task(**options)(lambda x: None)
+
+
+def test_timedelta_durations():
+    def td(x):
+        return x
+
+    task = debounced_task(wait=timedelta(seconds=2), name="testapp.td")(td)
+    assert task.wait == 2.0
+
+
+@pytest.fixture
+def eager():
+    app.conf.task_always_eager = True
+    yield
+    app.conf.task_always_eager = False
+
+
+@pytest.mark.django_db(transaction=True)
+def test_eager_trigger_stays_pending_until_run_due(eager):
+    for _ in range(3):
+        record.trigger("eager")
+    assert not RunLog.objects.exists()
+    assert run_due() == 0  # not due yet: wait is 0.3 s
+    assert run_due(now=timezone.now() + timedelta(seconds=1)) == 1
+    log = RunLog.objects.get()
+    assert log.triggers == 3
+    row = DebounceKey.objects.get()
+    assert (row.pending, row.runs, row.merged) == (0, 1, 2)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_eager_flush_runs_now_and_cancel_drops(eager):
+    record_slow.trigger("f")
+    assert record_slow.flush("f") is True
+    assert RunLog.objects.filter(task="testapp.record_slow").count() == 1
+    assert record_slow.flush("f") is False
+    record_slow.trigger("c")
+    record_slow.trigger("c")
+    assert record_slow.cancel("c") == 2
+    assert run_due(now=timezone.now() + timedelta(seconds=10)) == 0
+    row = DebounceKey.objects.get(key__contains='"c"')
+    assert (row.pending, row.cancelled, row.state) == (0, 2, "idle")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_disabled_records_nothing(eager):
+    with override_settings(DEBOUNCE_ENABLED=False):
+        result = record.trigger("off")
+    assert result.scheduled is False and result.pending is None
+    assert not DebounceKey.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_lost_lease_is_redone_and_late_finish_changes_nothing():
+    from django_debounce.backends import get_backend
+
+    store = get_backend()
+    _result, _dispatch, _undo = store.trigger(
+        task_name="testapp.record", key="k", key_hash="h" * 64, payload={"args": ["x"], "kwargs": {}},
+        wait=0, max_wait=None,
+    )
+    first = store.fire("h" * 64, None, overlap=False, lease=0.1)
+    assert first.claim is not None and first.claim.triggers == 1
+    later = timezone.now() + timedelta(seconds=5)
+    second = store.fire("h" * 64, None, overlap=False, lease=60, now=later)
+    assert second.claim is not None
+    assert second.claim.triggers == 1  # the lost run's trigger went back to pending
+    assert store.finish("h" * 64, first.claim.run_id, ok=True) is None
+    row = DebounceKey.objects.get()
+    assert row.state == "running" and row.run_id == second.claim.run_id
+    assert DebounceRun.objects.get(run_id=first.claim.run_id).outcome == "lost"
+    store.finish("h" * 64, second.claim.run_id, ok=True)
+    row.refresh_from_db()
+    assert (row.state, row.triggers, row.runs, row.pending) == ("idle", 1, 1, 0)
+
+
+def test_check_e001_for_unimportable_backend():
+    with override_settings(DEBOUNCE_BACKEND="nope.Missing"):
+        ids = [m.id for m in check_backend()]
+    assert ids == ["django_debounce.E001"]
+
+
+def test_check_w002_for_deferred_sqlite():
+    dbs = {"x": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}}
+    assert [m.id for m in sqlite_warnings(dbs)] == ["django_debounce.W002"]
+    dbs["x"]["OPTIONS"] = {"transaction_mode": "IMMEDIATE"}
+    assert sqlite_warnings(dbs) == []
+
+
+@pytest.mark.django_db
+def test_no_missing_migrations():
+    out = io.StringIO()
+    call_command("makemigrations", "django_debounce", "--check", "--dry-run", stdout=out)
