@@ -19,6 +19,8 @@ DEFAULTS: dict[str, Any] = {
     "ON_COMMIT": True,
     "ENABLED": True,
     "ADMIN_ENABLED": True,
+    # Minimum TTL in seconds of a key's state in Redis (refreshed by every write).
+    "REDIS_TTL": 86400,
     # Seconds a dispatch message may be overdue before recovery publishes it again.
     "DISPATCH_GRACE": 60,
 }

@@ -3,15 +3,10 @@
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
-
 from celery import Task
 
 from django_debounce.exceptions import PublishError
 from django_debounce.state import Dispatch
-
-if TYPE_CHECKING:
-    pass
 
 logger = logging.getLogger("django_debounce")
 
@@ -35,7 +30,7 @@ def publish(task: Task, dispatch: Dispatch) -> None:
         return
     try:
         task.apply_async(
-            kwargs={DISPATCH_KWARG: {"k": dispatch.key_hash, "s": dispatch.seq}},
+            kwargs={DISPATCH_KWARG: {"k": dispatch.key_hash, "s": dispatch.seq, "b": dispatch.store}},
             countdown=dispatch.countdown,
             serializer="json",
         )

@@ -100,6 +100,10 @@ class DebounceKey(models.Model):
         _("last outcome"), max_length=16, blank=True, default="",
         help_text=_("Outcome of the last finished run."),
     )
+    store = models.CharField(
+        _("store"), max_length=16, default="database",
+        help_text=_("Which store holds the live state: database, or redis (this row mirrors it)."),
+    )
     created_at = models.DateTimeField(_("created"), auto_now_add=True, help_text=_("First trigger ever."))
     updated_at = models.DateTimeField(_("updated"), auto_now=True, help_text=_("Last state change."))
 

@@ -24,6 +24,7 @@ class Dispatch:
     key_hash: str
     seq: int
     countdown: float
+    store: str = "d"  # which store fences it: "d" database, "r" redis
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,7 @@ class Claim:
     last_trigger_at: datetime
     due_at: datetime
     started_at: datetime
+    store: str = "d"
 
 
 class FireAction(str, enum.Enum):
@@ -71,6 +73,7 @@ class FireAction(str, enum.Enum):
     REARM = "rearm"  # arrived before due_at: publish one new message for due_at
     WAIT = "wait"  # another run of the key is live: the finishing run schedules the flight
     CLAIM = "claim"  # run the body now
+    MISSING = "missing"  # the store has no state for the key (e.g. Redis restarted empty)
 
 
 @dataclass(frozen=True)

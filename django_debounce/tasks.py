@@ -185,16 +185,19 @@ class DebouncedTask(Task):
         message = kwargs.pop(DISPATCH_KWARG, None)
         if message is None:
             return super().__call__(*args, **kwargs)
-        if not isinstance(message, dict) or set(message) != {"k", "s"}:
+        if not isinstance(message, dict) or not {"k", "s"} <= set(message) <= {"k", "s", "b"}:
             logger.error("django_debounce: malformed dispatch message for %s dropped", self.name)
             return None
-        return self.fire(str(message["k"]), int(message["s"]))
+        return self.fire(str(message["k"]), int(message["s"]), store=message.get("b"))
 
-    def fire(self, hashed: str, seq: int | None) -> Any:
+    def fire(self, hashed: str, seq: int | None, *, store: str | None = None) -> Any:
         """Handle one dispatch message (``seq=None``: in-process, no fencing); returns the body's
-        result when this message claimed the flight, else ``None``."""
+        result when this message claimed the flight, else ``None``. ``store`` names the store
+        that issued the message (``"d"``/``"r"``), for the ``auto`` backend."""
         backend = self.get_backend()
-        decision = backend.fire(hashed, seq, overlap=self.debounce_overlap, lease=self.lease)
+        decision = backend.fire(
+            hashed, seq, overlap=self.debounce_overlap, lease=self.lease, store=store
+        )
         if decision.dispatch is not None:
             publish_quietly(self, decision.dispatch)
         if decision.action is not FireAction.CLAIM or decision.claim is None:
@@ -208,7 +211,9 @@ class DebouncedTask(Task):
             key=claim.key, flight_id=claim.flight_id, run_id=claim.run_id,
             triggers=claim.triggers, first_trigger_at=claim.first_trigger_at,
             last_trigger_at=claim.last_trigger_at,
-            _heartbeat=partial(backend.heartbeat, claim.key_hash, claim.run_id, self.lease),
+            _heartbeat=partial(
+                backend.heartbeat, claim.key_hash, claim.run_id, self.lease, store=claim.store
+            ),
         )
         args, kwargs = self.call_arguments(claim.payload)
         if self._wants_runinfo():
@@ -217,11 +222,13 @@ class DebouncedTask(Task):
             result = super().__call__(*args, **kwargs)
         except Exception as exc:
             error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-            follow = backend.finish(claim.key_hash, claim.run_id, ok=False, error=error)
+            follow = backend.finish(
+                claim.key_hash, claim.run_id, ok=False, error=error, store=claim.store
+            )
             if follow is not None:
                 publish_quietly(self, follow)
             raise
-        follow = backend.finish(claim.key_hash, claim.run_id, ok=True)
+        follow = backend.finish(claim.key_hash, claim.run_id, ok=True, store=claim.store)
         if follow is not None:
             publish_quietly(self, follow)
         return result

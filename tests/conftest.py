@@ -48,6 +48,12 @@ def stays(predicate: Callable[[], Any], *, duration: float, interval: float = 0.
     return bool(predicate())
 
 
+@pytest.fixture(autouse=True)
+def clean_redis_state() -> None:
+    """Every test starts with an empty debounce state in Redis (the tables are flushed too)."""
+    redis.Redis.from_url(settings.CACHES["default"]["LOCATION"]).flushdb()
+
+
 @pytest.fixture(scope="session")
 def broker() -> redis.Redis:
     client = redis.Redis.from_url(settings.CELERY_BROKER_URL)

@@ -51,20 +51,24 @@ class BaseBackend:
         overlap: bool,
         lease: float,
         now: datetime | None = None,
+        store: str | None = None,
     ) -> FireDecision:
         """Decide what a dispatch message does (step 2); claims the flight when it is due.
 
-        ``seq=None`` skips the message fencing (in-process ``run_due``).
+        ``seq=None`` skips the message fencing (in-process ``run_due``). ``store`` is the
+        store that issued the message (used by ``auto``, which holds two).
         """
         raise NotImplementedError
 
     def finish(
-        self, key_hash: str, run_id: int, *, ok: bool, error: str = ""
+        self, key_hash: str, run_id: int, *, ok: bool, error: str = "", store: str | None = None
     ) -> Dispatch | None:
         """Record the end of run ``run_id`` (step 3); returns the follow-up flight's message."""
         raise NotImplementedError
 
-    def heartbeat(self, key_hash: str, run_id: int, lease: float) -> bool:
+    def heartbeat(
+        self, key_hash: str, run_id: int, lease: float, *, store: str | None = None
+    ) -> bool:
         """Extend the lease of run ``run_id`` to now + ``lease`` seconds (step 4)."""
         raise NotImplementedError
 
@@ -85,6 +89,11 @@ class BaseBackend:
     def recover(self, *, grace: float) -> list[tuple[str, Dispatch]]:
         """Step 5: redo runs whose lease ran out and re-dispatch flights whose message is
         overdue by more than ``grace`` seconds. Returns ``(task_name, dispatch)`` to publish."""
+        raise NotImplementedError
+
+    def live_state(self, key_hash: str) -> dict[str, Any] | None:
+        """Live counters of one key: ``pending``, ``flight_id``, ``triggers``, ``runs``,
+        ``merged``, ``cancelled``, ``state`` (idle/pending/running); ``None`` if unknown."""
         raise NotImplementedError
 
     def pending_counts(self, key_hashes: list[str]) -> dict[str, int]:

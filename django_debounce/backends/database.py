@@ -66,6 +66,7 @@ class DatabaseBackend(BaseBackend):
             else State.PENDING if row.pending
             else State.IDLE
         )
+        row.store = "database"
         row.save(using=self.alias)
 
     def _schedule(self, row: DebounceKey, at: datetime, now: datetime) -> Dispatch:
@@ -101,6 +102,22 @@ class DatabaseBackend(BaseBackend):
         row.run_first_trigger_at = None
         row.last_outcome = DebounceRun.Outcome.LOST
 
+    def _adopt(self, row: DebounceKey) -> None:
+        """Take over a row whose live state is in Redis (trigger during a Redis outage).
+
+        The flight in Redis stays Redis's; this store opens its own flight with its own
+        dispatch message, so nothing accepted here depends on Redis coming back.
+        """
+        row.pending = 0
+        row.payload = None
+        row.first_trigger_at = row.last_trigger_at = row.due_at = None
+        row.scheduled = False
+        row.scheduled_at = None
+        row.running_until = None
+        row.run_triggers = 0
+        row.run_payload = None
+        row.run_first_trigger_at = None
+
     # -- operations -----------------------------------------------------------------------
 
     def trigger(self, *, task_name, key, key_hash, payload, wait, max_wait):
@@ -112,6 +129,8 @@ class DatabaseBackend(BaseBackend):
             )
             row, now = self._lock(key_hash)
             assert row is not None
+            if row.store != "database":
+                self._adopt(row)
             self._recover_lease(row, now)
             undo = {
                 "opened": row.pending == 0,
@@ -164,13 +183,15 @@ class DatabaseBackend(BaseBackend):
                 row.due_at = undo["due_at"]
             self._save(row)
 
-    def fire(self, key_hash, seq, *, overlap, lease, now=None):
+    def fire(self, key_hash, seq, *, overlap, lease, now=None, store=None):
         with transaction.atomic(using=self.alias):
             row, now = self._lock(key_hash, now)
             if row is None:
                 return FireDecision(FireAction.DROP)
             self._recover_lease(row, now)
-            if seq is not None and (seq != row.scheduled_seq or not row.scheduled):
+            if seq is not None and (
+                seq != row.scheduled_seq or not row.scheduled or row.store != "database"
+            ):
                 self._save(row)
                 return FireDecision(FireAction.DROP)
             if row.pending == 0:
@@ -221,7 +242,7 @@ class DatabaseBackend(BaseBackend):
         row.last_run_at = now
         return claim
 
-    def finish(self, key_hash, run_id, *, ok, error=""):
+    def finish(self, key_hash, run_id, *, ok, error="", store=None):
         outcome = DebounceRun.Outcome.SUCCESS if ok else DebounceRun.Outcome.FAILURE
         with transaction.atomic(using=self.alias):
             row, now = self._lock(key_hash)
@@ -245,7 +266,7 @@ class DatabaseBackend(BaseBackend):
             self._save(row)
         return dispatch
 
-    def heartbeat(self, key_hash, run_id, lease):
+    def heartbeat(self, key_hash, run_id, lease, *, store=None):
         with transaction.atomic(using=self.alias):
             row, now = self._lock(key_hash)
             if row is None or row.run_id != run_id or row.running_until is None:
@@ -315,6 +336,13 @@ class DatabaseBackend(BaseBackend):
                     out.append((row.task_name, self._schedule(row, max(row.due_at, now), now)))
                 self._save(row)
         return out
+
+    def live_state(self, key_hash):
+        return (
+            DebounceKey.objects.using(self.alias).filter(key_hash=key_hash)
+            .values("pending", "flight_id", "triggers", "runs", "merged", "cancelled", "state")
+            .first()
+        )
 
     def pending_counts(self, key_hashes):
         return dict(

@@ -1,0 +1,68 @@
+-- Shared by every script of the Redis store (prepended by redis.py).
+-- State of one debounce key lives in one hash, KEYS[1] = "debounce:{<key hash>}".
+-- Times are integer microseconds from Redis TIME, written with %d so no precision is lost.
+local NUM = {'p','f','ft','lt','d','q','sc','sa','r','ru','rt','rf','T','R','M','C','lr'}
+
+local function fmt(v) return string.format('%d', v) end
+
+local function clock()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+local function load_state(h)
+  local v = redis.call('HMGET', h, unpack(NUM))
+  local s = {}
+  for i, n in ipairs(NUM) do s[n] = tonumber(v[i]) or 0 end
+  return s
+end
+
+-- Write every numeric field and refresh the TTL: never shorter than ttl_ms, never shorter
+-- than the state still needs (due time, lease, outstanding message) plus the grace period.
+local function save(h, s, now, ttl_ms, grace_us, extra)
+  local args = {}
+  for _, n in ipairs(NUM) do args[#args + 1] = n; args[#args + 1] = fmt(s[n]) end
+  if extra then for _, x in ipairs(extra) do args[#args + 1] = x end end
+  redis.call('HSET', h, unpack(args))
+  local horizon = math.max(s.d, s.ru, s.sa) - now + grace_us
+  local ttl = math.max(ttl_ms, math.ceil(horizon / 1000))
+  redis.call('PEXPIRE', h, fmt(ttl))
+end
+
+-- A live run whose lease ran out is lost: its triggers go back to pending (I7).
+-- Returns the lost run id, or 0.
+local function recover_lease(h, s, now)
+  if s.ru == 0 or s.ru > now then return 0 end
+  local lost = s.r
+  local claimed = s.rt
+  s.R = math.max(s.R - 1, 0)
+  s.M = math.max(s.M - math.max(claimed - 1, 0), 0)
+  if s.p == 0 then
+    s.f = s.f + 1
+    s.ft = s.rf
+    s.lt = s.rf
+    s.d = now
+    redis.call('HSET', h, 'pl', redis.call('HGET', h, 'rp') or '')
+  else
+    s.ft = math.min(s.ft, s.rf)
+    s.d = math.min(s.d, now)
+  end
+  s.p = s.p + claimed
+  s.ru = 0
+  s.rt = 0
+  s.rf = 0
+  redis.call('HSET', h, 'rp', '', 'lo', 'lost')
+  return lost
+end
+
+-- Mark a new dispatch message outstanding for time `at`; returns its countdown (us).
+local function schedule(s, at, now)
+  s.q = s.q + 1
+  s.sc = 1
+  s.sa = at
+  return math.max(at - now, 0)
+end
+
+local function snapshot(h)
+  return redis.call('HGETALL', h)
+end

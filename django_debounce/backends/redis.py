@@ -1,0 +1,279 @@
+"""The Redis store: one Lua script per operation, one round trip per trigger.
+
+State of a key is one hash, ``debounce:{<key hash>}``: the braces make it a Redis Cluster
+hash tag, so every key a script touches is in one slot. Times come from Redis ``TIME`` (in
+integer microseconds); every write refreshes a TTL (``DEBOUNCE_REDIS_TTL``, and never less
+than the state still needs), so no counter is immortal, even after a crash between steps.
+
+The database keeps the durable record the admin reads: the ``DebounceKey`` row is written
+on flight transitions only (flight opened, run claimed, run finished, cancel, recovery),
+never per merged trigger; ``DebounceRun`` rows are written at claim and finish.
+The connection is that of a django-redis cache alias (``DEBOUNCE_CACHE_ALIAS``).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import datetime, timezone as dt_timezone
+from functools import cached_property
+from importlib import resources
+from typing import Any
+
+from django.db import router
+
+from django_debounce import conf
+from django_debounce.backends.base import BaseBackend
+from django_debounce.models import DebounceKey, DebounceRun
+from django_debounce.state import Claim, Dispatch, FireAction, FireDecision, TriggerResult
+
+US = 1_000_000
+OPERATIONS = ("trigger", "abort", "fire", "finish", "heartbeat", "flush", "cancel", "recover")
+
+
+def _dt(us: int | str | bytes) -> datetime | None:
+    us = int(us)
+    if us <= 0:
+        return None
+    return datetime.fromtimestamp(us / US, tz=dt_timezone.utc)
+
+
+def _us(value: datetime) -> int:
+    return int(round(value.timestamp() * US))
+
+
+def _s(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def redis_key(key_hash: str) -> str:
+    """The Redis key holding the state of ``key_hash`` (hash-tagged for Redis Cluster)."""
+    return f"debounce:{{{key_hash}}}"
+
+
+class RedisBackend(BaseBackend):
+    """Lua-scripted store on the connection of a django-redis cache alias."""
+
+    name = "redis"
+    store = "r"
+
+    @cached_property
+    def client(self) -> Any:
+        from django_redis import get_redis_connection
+
+        return get_redis_connection(conf.get("CACHE_ALIAS"))
+
+    @cached_property
+    def scripts(self) -> dict[str, Any]:
+        """Scripts are registered once; redis-py calls them by SHA and reloads on NOSCRIPT."""
+        lua = resources.files("django_debounce.backends") / "lua"
+        common = (lua / "common.lua").read_text()
+        return {
+            op: self.client.register_script(common + "\n" + (lua / f"{op}.lua").read_text())
+            for op in OPERATIONS
+        }
+
+    @property
+    def alias(self) -> str:
+        return router.db_for_write(DebounceKey)
+
+    def _limits(self) -> tuple[int, int]:
+        grace = float(conf.get("DISPATCH_GRACE"))
+        ttl = conf.seconds(conf.get("REDIS_TTL"), name="DEBOUNCE_REDIS_TTL")
+        return int(grace * US), int(ttl * 1000)  # type: ignore[operator]
+
+    # -- durable record -------------------------------------------------------------------
+
+    def _record(self, key_hash: str, snap: list[Any], *, lost_run: int = 0) -> None:
+        """Mirror a Redis snapshot into the ``DebounceKey`` row (skipped while the database
+        store holds a live flight of this key after a Redis outage)."""
+        if not snap:
+            return
+        raw = {_s(snap[i]): _s(snap[i + 1]) for i in range(0, len(snap), 2)}
+        num = {name: int(raw.get(name) or 0) for name in (
+            "p", "f", "ft", "lt", "d", "q", "sc", "sa", "r", "ru", "rt", "rf", "T", "R", "M", "C", "lr")}
+        fields = {
+            "store": "redis",
+            "state": (DebounceKey.State.RUNNING if num["ru"] else
+                      DebounceKey.State.PENDING if num["p"] else DebounceKey.State.IDLE),
+            "pending": num["p"], "flight_id": num["f"],
+            "first_trigger_at": _dt(num["ft"]), "last_trigger_at": _dt(num["lt"]),
+            "due_at": _dt(num["d"]),
+            "payload": json.loads(raw["pl"]) if raw.get("pl") else None,
+            "scheduled_seq": num["q"], "scheduled": bool(num["sc"]),
+            "scheduled_at": _dt(num["sa"]), "run_id": num["r"], "running_until": _dt(num["ru"]),
+            "run_triggers": num["rt"],
+            "run_payload": json.loads(raw["rp"]) if raw.get("rp") else None,
+            "run_first_trigger_at": _dt(num["rf"]),
+            "triggers": num["T"], "runs": num["R"], "merged": num["M"], "cancelled": num["C"],
+            "last_run_at": _dt(num["lr"]), "last_outcome": raw.get("lo", ""),
+        }
+        rows = DebounceKey.objects.using(self.alias).filter(key_hash=key_hash).exclude(
+            store="database", state__in=[DebounceKey.State.PENDING, DebounceKey.State.RUNNING]
+        )
+        if not rows.update(**fields):
+            DebounceKey.objects.using(self.alias).bulk_create(
+                [DebounceKey(key_hash=key_hash, key=raw.get("k", ""), task_name=raw.get("tn", ""),
+                             **fields)],
+                ignore_conflicts=True,
+            )
+        if lost_run:
+            self._mark_lost(key_hash, lost_run)
+
+    def _mark_lost(self, key_hash: str, run_id: int) -> None:
+        DebounceRun.objects.using(self.alias).filter(
+            debounce_key__key_hash=key_hash, run_id=run_id, outcome=DebounceRun.Outcome.RUNNING
+        ).update(outcome=DebounceRun.Outcome.LOST, error="lease ran out")
+
+    # -- operations -----------------------------------------------------------------------
+
+    def trigger(self, *, task_name, key, key_hash, payload, wait, max_wait):
+        grace, ttl = self._limits()
+        out = self.scripts["trigger"](
+            keys=[redis_key(key_hash)],
+            args=[key, task_name, json.dumps(payload, separators=(",", ":")),
+                  int(wait * US), -1 if max_wait is None else int(max_wait * US),
+                  grace, ttl, int(time.time() * US)],
+        )
+        flight_id, pending, due, seq, countdown, opened, prev_pl, prev_lt, prev_d, _now, lost, snap = out
+        if snap:
+            self._record(key_hash, snap, lost_run=int(lost))
+        seq = int(seq)
+        dispatch = Dispatch(key_hash, seq, int(countdown) / US, self.store) if seq else None
+        result = TriggerResult(key=key, flight_id=int(flight_id), pending=int(pending),
+                               due_at=_dt(due), scheduled=dispatch is not None)
+        undo = {"opened": int(opened), "payload": _s(prev_pl), "last": int(prev_lt), "due": int(prev_d)}
+        return result, dispatch, undo
+
+    def abort_trigger(self, key_hash, seq, undo):
+        grace, ttl = self._limits()
+        self.scripts["abort"](
+            keys=[redis_key(key_hash)],
+            args=[seq, undo["opened"], undo["payload"], undo["last"], undo["due"], grace, ttl],
+        )
+
+    def fire(self, key_hash, seq, *, overlap, lease, now=None, store=None):
+        grace, ttl = self._limits()
+        out = self.scripts["fire"](
+            keys=[redis_key(key_hash)],
+            args=[-1 if seq is None else seq, int(overlap), int(lease * US),
+                  _us(now) if now else 0, grace, ttl],
+        )
+        action = int(out[0])
+        if action == -1:
+            return FireDecision(FireAction.MISSING)
+        lost = int(out[1])
+        if lost:
+            self._mark_lost(key_hash, lost)
+        if action == 0:
+            return FireDecision(FireAction.DROP)
+        if action in (1, 2):
+            dispatch = Dispatch(key_hash, int(out[2]), int(out[3]) / US, self.store)
+            return FireDecision(FireAction.REARM if action == 1 else FireAction.WAIT, dispatch=dispatch)
+        _a, _l, run_id, flight_id, claimed, payload, first, last, due, started, snap = out
+        self._record(key_hash, snap)
+        raw = {_s(snap[i]): _s(snap[i + 1]) for i in range(0, len(snap), 2)}
+        claim = Claim(
+            key_hash=key_hash, key=raw.get("k", ""), task_name=raw.get("tn", ""),
+            run_id=int(run_id), flight_id=int(flight_id), triggers=int(claimed),
+            payload=json.loads(payload) if payload else None,
+            first_trigger_at=_dt(first), last_trigger_at=_dt(last), due_at=_dt(due),
+            started_at=_dt(started), store=self.store,
+        )
+        row = DebounceKey.objects.using(self.alias).filter(key_hash=key_hash).values_list("pk", flat=True).first()
+        if row is not None:
+            DebounceRun.objects.using(self.alias).create(
+                debounce_key_id=row, task_name=claim.task_name, flight_id=claim.flight_id,
+                run_id=claim.run_id, triggers=claim.triggers,
+                first_trigger_at=claim.first_trigger_at, last_trigger_at=claim.last_trigger_at,
+                due_at=claim.due_at, started_at=claim.started_at,
+                delay=max((claim.started_at - claim.last_trigger_at).total_seconds(), 0.0),
+            )
+        return FireDecision(FireAction.CLAIM, claim=claim)
+
+    def finish(self, key_hash, run_id, *, ok, error="", store=None):
+        grace, ttl = self._limits()
+        applied, seq, countdown, now, snap = self.scripts["finish"](
+            keys=[redis_key(key_hash)], args=[run_id, int(ok), grace, ttl]
+        )
+        finished_at = _dt(now)
+        DebounceRun.objects.using(self.alias).filter(
+            debounce_key__key_hash=key_hash, run_id=run_id, outcome=DebounceRun.Outcome.RUNNING
+        ).update(
+            outcome=DebounceRun.Outcome.SUCCESS if ok else DebounceRun.Outcome.FAILURE,
+            finished_at=finished_at, error=error,
+        )
+        if not int(applied):
+            return None
+        self._record(key_hash, snap)
+        seq = int(seq)
+        return Dispatch(key_hash, seq, int(countdown) / US, self.store) if seq else None
+
+    def heartbeat(self, key_hash, run_id, lease, *, store=None):
+        grace, ttl = self._limits()
+        return bool(self.scripts["heartbeat"](
+            keys=[redis_key(key_hash)], args=[run_id, int(lease * US), grace, ttl]))
+
+    def flush(self, key_hash):
+        grace, ttl = self._limits()
+        (seq,) = self.scripts["flush"](keys=[redis_key(key_hash)], args=[grace, ttl])
+        seq = int(seq)
+        return Dispatch(key_hash, seq, 0.0, self.store) if seq else None
+
+    def cancel(self, key_hash):
+        grace, ttl = self._limits()
+        dropped, snap = self.scripts["cancel"](keys=[redis_key(key_hash)], args=[grace, ttl])
+        self._record(key_hash, snap)
+        return int(dropped)
+
+    def _live(self) -> list[tuple[str, str]]:
+        return list(
+            DebounceKey.objects.using(self.alias).filter(store="redis")
+            .exclude(state=DebounceKey.State.IDLE).values_list("task_name", "key_hash")
+        )
+
+    def due_keys(self, now=None, task_names=None):
+        candidates = [(t, h) for t, h in self._live() if task_names is None or t in task_names]
+        if not candidates:
+            return []
+        pipe = self.client.pipeline(transaction=False)
+        for _t, h in candidates:
+            pipe.hmget(redis_key(h), "p", "d")
+        limit = _us(now) if now else None
+        if limit is None:
+            seconds, micros = self.client.time()
+            limit = int(seconds) * US + int(micros)
+        out = []
+        for (task_name, h), (p, d) in zip(candidates, pipe.execute()):
+            if int(p or 0) > 0 and int(d or 0) <= limit:
+                out.append((task_name, h))
+        return out
+
+    def recover(self, *, grace):
+        _grace, ttl = self._limits()
+        out: list[tuple[str, Dispatch]] = []
+        for task_name, h in self._live():
+            lost, seq, countdown, snap = self.scripts["recover"](
+                keys=[redis_key(h)], args=[int(grace * US), ttl]
+            )
+            self._record(h, snap, lost_run=int(lost))
+            if int(seq):
+                out.append((task_name, Dispatch(h, int(seq), int(countdown) / US, self.store)))
+        return out
+
+    def live_state(self, key_hash):
+        values = self.client.hmget(redis_key(key_hash), "p", "f", "T", "R", "M", "C", "ru")
+        if values[1] is None:
+            return None
+        p, f, t, r, m, c, ru = (int(v or 0) for v in values)
+        state = "running" if ru else "pending" if p else "idle"
+        return {"pending": p, "flight_id": f, "triggers": t, "runs": r, "merged": m,
+                "cancelled": c, "state": state}
+
+    def pending_counts(self, key_hashes):
+        if not key_hashes:
+            return {}
+        pipe = self.client.pipeline(transaction=False)
+        for h in key_hashes:
+            pipe.hget(redis_key(h), "p")
+        return {h: int(p or 0) for h, p in zip(key_hashes, pipe.execute())}
