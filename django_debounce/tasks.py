@@ -169,7 +169,7 @@ class DebouncedTask(Task):
         if dispatch is None:
             return False
         if is_eager(self):
-            self.fire(hashed, dispatch.seq)
+            self.fire(hashed, dispatch.seq, store=dispatch.store)
         else:
             publish_quietly(self, dispatch)
         return True

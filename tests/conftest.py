@@ -70,8 +70,10 @@ class Worker:
         self.log = Path(os.environ.get("TMPDIR", "/tmp")) / f"debounce-worker-{os.getpid()}.log"
 
     def start(self) -> None:
+        # The worker runs the auto store, which routes every message to the store that
+        # issued it, so one worker serves tests of every store.
         env = dict(os.environ, DEBOUNCE_TEST_WORKER="1", DJANGO_SETTINGS_MODULE="tests.settings",
-                   PYTHONPATH=str(ROOT))
+                   PYTHONPATH=str(ROOT), DEBOUNCE_TEST_BACKEND="auto")
         self._out = open(self.log, "ab")  # noqa: SIM115
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "celery", "-A", "tests.celery_app", "worker",
@@ -111,8 +113,21 @@ def celery_worker_session(django_db_setup: Any, broker: redis.Redis) -> Iterator
     worker.stop()
 
 
+STORES = ["redis", "database"]
+
+
+@pytest.fixture(params=STORES)
+def store(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The conformance fixture: each test using it runs once per store (Redis, and the
+    database under test: PostgreSQL or SQLite by ``DEBOUNCE_TEST_DB``)."""
+    from django.test import override_settings
+
+    with override_settings(DEBOUNCE_BACKEND=request.param):
+        yield request.param
+
+
 @pytest.fixture
-def worker(celery_worker_session: Worker, transactional_db: Any) -> Iterator[Worker]:
+def worker(celery_worker_session: Worker, store: str, transactional_db: Any) -> Iterator[Worker]:
     """A live worker and a database whose commits the worker sees (flushed after the test)."""
     yield celery_worker_session
     # Let runs started by this test end before the tables are flushed.

@@ -93,7 +93,8 @@ class BaseBackend:
 
     def live_state(self, key_hash: str) -> dict[str, Any] | None:
         """Live counters of one key: ``pending``, ``flight_id``, ``triggers``, ``runs``,
-        ``merged``, ``cancelled``, ``state`` (idle/pending/running); ``None`` if unknown."""
+        ``merged``, ``cancelled``, ``state`` (idle/pending/running), ``seq`` (the valid dispatch
+        sequence) and ``store_code`` (``"d"``/``"r"``); ``None`` if unknown."""
         raise NotImplementedError
 
     def pending_counts(self, key_hashes: list[str]) -> dict[str, int]:

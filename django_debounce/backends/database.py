@@ -17,6 +17,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import router, transaction
+from django.db.models import F, Value
 from django.db.models.functions import Now
 from django.utils import timezone
 
@@ -340,7 +341,9 @@ class DatabaseBackend(BaseBackend):
     def live_state(self, key_hash):
         return (
             DebounceKey.objects.using(self.alias).filter(key_hash=key_hash)
-            .values("pending", "flight_id", "triggers", "runs", "merged", "cancelled", "state")
+            .annotate(seq=F("scheduled_seq"), store_code=Value("d"))
+            .values("pending", "flight_id", "triggers", "runs", "merged", "cancelled", "state",
+                    "seq", "store_code")
             .first()
         )
 

@@ -262,13 +262,13 @@ class RedisBackend(BaseBackend):
         return out
 
     def live_state(self, key_hash):
-        values = self.client.hmget(redis_key(key_hash), "p", "f", "T", "R", "M", "C", "ru")
+        values = self.client.hmget(redis_key(key_hash), "p", "f", "T", "R", "M", "C", "ru", "q")
         if values[1] is None:
             return None
-        p, f, t, r, m, c, ru = (int(v or 0) for v in values)
+        p, f, t, r, m, c, ru, q = (int(v or 0) for v in values)
         state = "running" if ru else "pending" if p else "idle"
         return {"pending": p, "flight_id": f, "triggers": t, "runs": r, "merged": m,
-                "cancelled": c, "state": state}
+                "cancelled": c, "state": state, "seq": q, "store_code": self.store}
 
     def pending_counts(self, key_hashes):
         if not key_hashes:
