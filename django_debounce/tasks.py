@@ -13,7 +13,7 @@ from functools import partial
 from typing import Any, Callable
 
 from celery import Task
-from django.db import DEFAULT_DB_ALIAS, connections, transaction
+from django.db import DEFAULT_DB_ALIAS, InterfaceError, OperationalError, connections, transaction
 
 from django_debounce import conf
 from django_debounce.backends import get_backend
@@ -31,6 +31,18 @@ from django_debounce.keys import (
 from django_debounce.state import Claim, FireAction, RunInfo, TriggerResult
 
 logger = logging.getLogger("django_debounce")
+
+# Errors that mean "the store is unreachable right now", not "the state machine said no".
+STORE_ERRORS: tuple[type[BaseException], ...] = (OperationalError, InterfaceError)
+try:
+    from redis.exceptions import ConnectionError as _RedisConnectionError
+    from redis.exceptions import TimeoutError as _RedisTimeoutError
+
+    STORE_ERRORS += (_RedisConnectionError, _RedisTimeoutError)
+except ImportError:  # pragma: no cover - redis is optional
+    pass
+STORE_RETRY_DELAY = 1.0
+STORE_RETRIES = 600
 
 
 class DebouncedTask(Task):
@@ -185,10 +197,32 @@ class DebouncedTask(Task):
         message = kwargs.pop(DISPATCH_KWARG, None)
         if message is None:
             return super().__call__(*args, **kwargs)
-        if not isinstance(message, dict) or not {"k", "s"} <= set(message) <= {"k", "s", "b"}:
+        if not isinstance(message, dict) or not {"k", "s"} <= set(message) <= {"k", "s", "b", "n"}:
             logger.error("django_debounce: malformed dispatch message for %s dropped", self.name)
             return None
-        return self.fire(str(message["k"]), int(message["s"]), store=message.get("b"))
+        try:
+            return self.fire(str(message["k"]), int(message["s"]), store=message.get("b"))
+        except STORE_ERRORS as exc:
+            return self._store_unavailable(message, exc)
+
+    def _store_unavailable(self, message: dict[str, Any], exc: BaseException) -> None:
+        """The store of a dispatch message is unreachable: deliver the same message again
+        later (every ``STORE_RETRY_DELAY`` seconds, at most ``STORE_RETRIES`` times), so a
+        Redis outage delays flights instead of losing them."""
+        attempt = int(message.get("n", 0)) + 1
+        if attempt > STORE_RETRIES:
+            logger.error("django_debounce: store unreachable for %s, giving up on a dispatch "
+                         "message after %d attempts (%s); recovery will re-dispatch",
+                         self.name, attempt - 1, exc)
+            return None
+        logger.warning("django_debounce: store unreachable for %s (%s); retrying in %ss",
+                       self.name, exc, STORE_RETRY_DELAY)
+        try:
+            self.apply_async(kwargs={DISPATCH_KWARG: {**message, "n": attempt}},
+                             countdown=STORE_RETRY_DELAY, serializer="json")
+        except Exception:
+            logger.exception("django_debounce: could not re-publish a dispatch message")
+        return None
 
     def fire(self, hashed: str, seq: int | None, *, store: str | None = None) -> Any:
         """Handle one dispatch message (``seq=None``: in-process, no fencing); returns the body's
@@ -222,13 +256,21 @@ class DebouncedTask(Task):
             result = super().__call__(*args, **kwargs)
         except Exception as exc:
             error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-            follow = backend.finish(
-                claim.key_hash, claim.run_id, ok=False, error=error, store=claim.store
-            )
-            if follow is not None:
-                publish_quietly(self, follow)
+            self._finish(backend, claim, ok=False, error=error)
             raise
-        follow = backend.finish(claim.key_hash, claim.run_id, ok=True, store=claim.store)
+        self._finish(backend, claim, ok=True)
+        return result
+
+    def _finish(self, backend: BaseBackend, claim: Claim, *, ok: bool, error: str = "") -> None:
+        try:
+            follow = backend.finish(
+                claim.key_hash, claim.run_id, ok=ok, error=error, store=claim.store
+            )
+        except STORE_ERRORS:
+            # The run is done but its store is unreachable: its lease runs out and the
+            # flight is redone (at least once, I7) rather than lost.
+            logger.exception("django_debounce: could not record the finish of %s run %s",
+                             self.name, claim.run_id)
+            return
         if follow is not None:
             publish_quietly(self, follow)
-        return result

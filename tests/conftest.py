@@ -64,22 +64,26 @@ def broker() -> redis.Redis:
 class Worker:
     """A real ``celery worker`` (prefork) subprocess running the test app's tasks."""
 
-    def __init__(self, concurrency: int = 4) -> None:
+    def __init__(self, concurrency: int = 4, queue: str = "debounce-tests",
+                 env: dict[str, str] | None = None) -> None:
         self.concurrency = concurrency
+        self.queue = queue
+        self.env = env or {}
         self.proc: subprocess.Popen[bytes] | None = None
-        self.log = Path(os.environ.get("TMPDIR", "/tmp")) / f"debounce-worker-{os.getpid()}.log"
+        self.log = (Path(os.environ.get("TMPDIR", "/tmp"))
+                    / f"debounce-worker-{queue}-{os.getpid()}.log")
 
     def start(self) -> None:
         # The worker runs the auto store, which routes every message to the store that
         # issued it, so one worker serves tests of every store.
         env = dict(os.environ, DEBOUNCE_TEST_WORKER="1", DJANGO_SETTINGS_MODULE="tests.settings",
-                   PYTHONPATH=str(ROOT), DEBOUNCE_TEST_BACKEND="auto")
+                   PYTHONPATH=str(ROOT), DEBOUNCE_TEST_BACKEND="auto", **self.env)
         self._out = open(self.log, "ab")  # noqa: SIM115
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "celery", "-A", "tests.celery_app", "worker",
              "--pool", "prefork", "--concurrency", str(self.concurrency), "--loglevel", "INFO",
              "--without-gossip", "--without-mingle", "--without-heartbeat",
-             "--hostname", f"tests-{os.getpid()}@localhost"],
+             "-Q", self.queue, "--hostname", f"{self.queue}-{os.getpid()}@localhost"],
             cwd=ROOT, env=env, stdout=self._out, stderr=subprocess.STDOUT,
             start_new_session=True,
         )

@@ -99,13 +99,16 @@ else:
 CACHES = {
     "default": {
         "BACKEND": "django_redis.cache.RedisCache",
-        "LOCATION": REDIS_URL.rsplit("/", 1)[0] + "/2",
+        # The failover test gives its worker a Redis of its own to stop and start.
+        "LOCATION": os.environ.get("DEBOUNCE_TEST_CACHE_URL") or REDIS_URL.rsplit("/", 1)[0] + "/2",
+        "OPTIONS": {"SOCKET_CONNECT_TIMEOUT": 1, "SOCKET_TIMEOUT": 2},
     }
 }
 
 # A broker database of its own, flushed at the start of every session.
 CELERY_BROKER_URL = REDIS_URL.rsplit("/", 1)[0] + "/1"
 CELERY_TASK_DEFAULT_QUEUE = "debounce-tests"
+CELERY_TASK_ROUTES = {"testapp.failover": {"queue": "debounce-failover"}}
 CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_RESULT_BACKEND = None

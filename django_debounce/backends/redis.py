@@ -20,12 +20,16 @@ from functools import cached_property
 from importlib import resources
 from typing import Any
 
-from django.db import router
+import logging
+
+from django.db import IntegrityError, router, transaction
 
 from django_debounce import conf
 from django_debounce.backends.base import BaseBackend
 from django_debounce.models import DebounceKey, DebounceRun
 from django_debounce.state import Claim, Dispatch, FireAction, FireDecision, TriggerResult
+
+logger = logging.getLogger("django_debounce")
 
 US = 1_000_000
 OPERATIONS = ("trigger", "abort", "fire", "finish", "heartbeat", "flush", "cancel", "recover")
@@ -120,6 +124,14 @@ class RedisBackend(BaseBackend):
         if lost_run:
             self._mark_lost(key_hash, lost_run)
 
+    def _seed(self, key_hash: str) -> str:
+        row = (
+            DebounceKey.objects.using(self.alias).filter(key_hash=key_hash)
+            .values_list("run_id", "flight_id", "triggers", "runs", "merged", "cancelled")
+            .first()
+        )
+        return ",".join(str(v) for v in (row or (0, 0, 0, 0, 0, 0)))
+
     def _mark_lost(self, key_hash: str, run_id: int) -> None:
         DebounceRun.objects.using(self.alias).filter(
             debounce_key__key_hash=key_hash, run_id=run_id, outcome=DebounceRun.Outcome.RUNNING
@@ -129,12 +141,13 @@ class RedisBackend(BaseBackend):
 
     def trigger(self, *, task_name, key, key_hash, payload, wait, max_wait):
         grace, ttl = self._limits()
-        out = self.scripts["trigger"](
-            keys=[redis_key(key_hash)],
-            args=[key, task_name, json.dumps(payload, separators=(",", ":")),
-                  int(wait * US), -1 if max_wait is None else int(max_wait * US),
-                  grace, ttl, int(time.time() * US)],
-        )
+        args = [key, task_name, json.dumps(payload, separators=(",", ":")),
+                int(wait * US), -1 if max_wait is None else int(max_wait * US),
+                grace, ttl, int(time.time() * US), ""]
+        out = self.scripts["trigger"](keys=[redis_key(key_hash)], args=args)
+        if len(out) == 1:  # new to Redis: continue the durable record's counters
+            args[-1] = self._seed(key_hash)
+            out = self.scripts["trigger"](keys=[redis_key(key_hash)], args=args)
         flight_id, pending, due, seq, countdown, opened, prev_pl, prev_lt, prev_d, _now, lost, snap = out
         if snap:
             self._record(key_hash, snap, lost_run=int(lost))
@@ -182,13 +195,20 @@ class RedisBackend(BaseBackend):
         )
         row = DebounceKey.objects.using(self.alias).filter(key_hash=key_hash).values_list("pk", flat=True).first()
         if row is not None:
-            DebounceRun.objects.using(self.alias).create(
-                debounce_key_id=row, task_name=claim.task_name, flight_id=claim.flight_id,
-                run_id=claim.run_id, triggers=claim.triggers,
-                first_trigger_at=claim.first_trigger_at, last_trigger_at=claim.last_trigger_at,
-                due_at=claim.due_at, started_at=claim.started_at,
-                delay=max((claim.started_at - claim.last_trigger_at).total_seconds(), 0.0),
-            )
+            try:
+                with transaction.atomic(using=self.alias):
+                    DebounceRun.objects.using(self.alias).create(
+                        debounce_key_id=row, task_name=claim.task_name,
+                        flight_id=claim.flight_id, run_id=claim.run_id, triggers=claim.triggers,
+                        first_trigger_at=claim.first_trigger_at,
+                        last_trigger_at=claim.last_trigger_at, due_at=claim.due_at,
+                        started_at=claim.started_at,
+                        delay=max((claim.started_at - claim.last_trigger_at).total_seconds(), 0.0),
+                    )
+            except IntegrityError:
+                # The claim stands (the body must run); only its history row is missing.
+                logger.error("django_debounce: run %s of %s already recorded", claim.run_id,
+                             claim.key)
         return FireDecision(FireAction.CLAIM, claim=claim)
 
     def finish(self, key_hash, run_id, *, ok, error="", store=None):

@@ -15,7 +15,7 @@ class RunLog(models.Model):
 
     task = models.CharField(max_length=200)
     key = models.TextField(blank=True, default="")
-    tag = models.CharField(max_length=200, blank=True, default="")
+    tag = models.TextField(blank=True, default="")
     payload = models.JSONField(null=True)
     value_seen = models.IntegerField(null=True)
     triggers = models.IntegerField(null=True)

@@ -84,3 +84,8 @@ def bounded(tag: str, *, debounce: RunInfo) -> None:
 def doc_saved(sender, instance, pk, debounce, **kwargs):
     _log("testapp.doc_saved", "", debounce, value_seen=instance.value if instance else None,
          payload={"pk": pk, "created": kwargs.get("created")})
+
+
+@debounced_task(wait=0.2, name="testapp.failover", lease=5)
+def failover(tag: str, *, debounce: RunInfo) -> None:
+    _body("testapp.failover", tag, 0, debounce)

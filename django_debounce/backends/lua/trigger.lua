@@ -1,9 +1,22 @@
--- ARGV: key, task_name, payload, wait_us, max_wait_us (-1: none), grace_us, ttl_ms, seq_base
+-- ARGV: key, task_name, payload, wait_us, max_wait_us (-1: none), grace_us, ttl_ms, seq_base,
+--       seed ("" or "run_id,flight_id,triggers,runs,merged,cancelled" of the durable record)
+-- A key new to Redis returns {'seed'} without writing when no seed is given: the caller reads
+-- the durable record and calls again, so counters continue where the database left them.
 local h = KEYS[1]
+local fresh = redis.call('EXISTS', h) == 0
+if fresh and ARGV[9] == '' then return {'seed'} end
 local now = clock()
 local s = load_state(h)
-local fresh = redis.call('EXISTS', h) == 0
-if fresh then s.q = tonumber(ARGV[8]) end
+if fresh then
+  s.q = tonumber(ARGV[8])
+  local i = 0
+  for v in string.gmatch(ARGV[9], '[^,]+') do
+    i = i + 1
+    local n = tonumber(v)
+    if i == 1 then s.r = n elseif i == 2 then s.f = n elseif i == 3 then s.T = n
+    elseif i == 4 then s.R = n elseif i == 5 then s.M = n elseif i == 6 then s.C = n end
+  end
+end
 local lost = recover_lease(h, s, now)
 local prev_pl = redis.call('HGET', h, 'pl') or ''
 local prev_lt, prev_d = s.lt, s.d

@@ -1,0 +1,1 @@
+"""The catalogue of the example site: products whose saves trigger debounced work."""

@@ -1,0 +1,56 @@
+"""The catalogue's debounced work.
+
+- ``rebuild_search_document``: a debounced receiver of ``Product`` saves. An admin form saved
+  three times, or an import touching a product again and again, rebuilds its search document
+  once, ``wait`` seconds after the last save, from the row as committed then.
+- ``recompute_category_stats``: a debounced task keyed per category; every product save or
+  delete triggers it, and each category's aggregates are recomputed once per burst.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.models import Avg, Count
+from django.db.models.signals import post_delete, post_save
+from django.dispatch import receiver
+
+from django_debounce import RunInfo, debounced_receiver, debounced_task
+from example_project.catalogue.models import Category, CategoryStats, Product, SearchDocument
+
+
+@debounced_receiver(post_save, sender=Product, wait=2, max_wait=30,
+                    name="catalogue.rebuild_search_document")
+def rebuild_search_document(sender: Any, instance: Product | None, pk: Any, debounce: RunInfo,
+                            **kwargs: Any) -> None:
+    """Runs in the worker; ``instance`` is the product as committed now, not as first saved."""
+    if instance is None:  # deleted since; its document went with it (on_delete=CASCADE)
+        return
+    text = " ".join([instance.name, instance.category.name, f"{instance.price}"])
+    SearchDocument.objects.update_or_create(
+        product_id=instance.pk,
+        defaults={"text": text, "product_version": instance.version, "triggers": debounce.triggers},
+    )
+
+
+@debounced_task(wait=5, max_wait=60, key=lambda category_id: f"category:{category_id}",
+                name="catalogue.recompute_category_stats")
+def recompute_category_stats(category_id: int, *, debounce: RunInfo) -> None:
+    """Recompute one category's aggregates (once per burst of its products' changes)."""
+    category = Category.objects.filter(pk=category_id).first()
+    if category is None:
+        return
+    agg = Product.objects.filter(category_id=category_id).aggregate(n=Count("id"), avg=Avg("price"))
+    CategoryStats.objects.update_or_create(
+        category=category, defaults={"product_count": agg["n"], "avg_price": agg["avg"]}
+    )
+
+
+@receiver(post_save, sender=Product, dispatch_uid="catalogue.product_saved_stats")
+@receiver(post_delete, sender=Product, dispatch_uid="catalogue.product_deleted_stats")
+def product_changed(sender: Any, instance: Product, **kwargs: Any) -> None:
+    """Trigger the stats of the product's category (and of its old one, after a move)."""
+    ids = {instance.category_id, getattr(instance, "_loaded_category_id", None)}
+    for category_id in sorted(i for i in ids if i is not None):
+        recompute_category_stats.trigger(category_id)
+    instance._loaded_category_id = instance.category_id

@@ -1,0 +1,128 @@
+"""The Redis fast path: TTLs, many processes, outages with fallback, awkward keys."""
+
+from __future__ import annotations
+
+import copy
+import time
+
+import pytest
+import redis
+from django.conf import settings
+from django.test import override_settings
+
+from django_debounce.backends import get_backend
+from django_debounce.backends.redis import redis_key
+from django_debounce.checks import check_backend
+from django_debounce.keys import key_hash
+from django_debounce.models import DebounceKey
+from tests.conftest import Worker, stays, wait_for
+from tests.procs import trigger_from_processes
+from tests.servers import RedisServer
+from tests.testapp.models import RunLog
+from tests.testapp.tasks import failover, record, record_slow
+
+
+def hashed(task, *args) -> str:
+    return key_hash(task.name, task.resolve(args, {})[0])
+
+
+@pytest.mark.worker
+@override_settings(DEBOUNCE_BACKEND="redis")
+def test_short_ttl_counter_always_carries_a_ttl_and_covers_the_last_trigger(
+    celery_worker_session, transactional_db, unique_tag
+):
+    client = redis.Redis.from_url(settings.CACHES["default"]["LOCATION"])
+    rkey = redis_key(hashed(record, unique_tag))
+    with override_settings(DEBOUNCE_REDIS_TTL=2, DEBOUNCE_DISPATCH_GRACE=0.1):
+        start = time.monotonic()
+        last = 0.0
+        for at in (0.0, 1.9, 2.1):
+            time.sleep(max(0.0, start + at - time.monotonic()))
+            record.trigger(unique_tag)
+            last = time.time()
+            ttl = client.pttl(rkey)
+            assert 0 < ttl <= 2000, f"TTL after a trigger at {at}s is {ttl} ms"
+            live = get_backend().live_state(hashed(record, unique_tag))
+            assert live["pending"] >= 1
+    runs = wait_for(lambda: (r := list(RunLog.objects.filter(tag=unique_tag, started__gte=last)))
+                    and r, timeout=20)
+    assert stays(lambda: client.pttl(rkey) > 0, duration=1.0)
+    assert len(runs) == 1
+    assert runs[0].started >= last + 0.3
+    logs = list(RunLog.objects.filter(tag=unique_tag).order_by("started"))
+    assert sum(log.triggers for log in logs) == 3
+    live = get_backend().live_state(hashed(record, unique_tag))
+    assert live["pending"] == 0 and live["triggers"] == 3
+
+
+@pytest.mark.worker
+def test_twenty_processes_trigger_one_key(worker, unique_tag):
+    errors = trigger_from_processes("record_slow", [[[unique_tag]] * 5 for _ in range(20)])
+    assert errors == []
+    live = get_backend().live_state(hashed(record_slow, unique_tag))
+    assert (live["pending"], live["triggers"], live["flight_id"]) == (100, 100, 1)
+    assert DebounceKey.objects.filter(task_name="testapp.record_slow").count() == 1
+    assert record_slow.cancel(unique_tag) == 100
+
+
+@pytest.mark.worker
+def test_long_unicode_keys_are_safe_and_do_not_collide(worker):
+    base = ("line one\n" + "é ü 漢字 \t" * 40)[:250]
+    a, b = base + "A" * 50, base + "B" * 50
+    assert len(a) == len(b) == 300
+    record.trigger(a)
+    record.trigger(b)
+    wait_for(lambda: RunLog.objects.filter(finished__isnull=False).count() == 2)
+    assert sorted(RunLog.objects.values_list("tag", flat=True)) == sorted([a, b])
+    keys = set(DebounceKey.objects.values_list("key", flat=True))
+    assert keys == {record.resolve((a,), {})[0], record.resolve((b,), {})[0]}
+    assert DebounceKey.objects.values("key_hash").distinct().count() == 2
+
+
+@pytest.mark.worker
+def test_redis_outage_mid_burst_loses_nothing(celery_worker_session, transactional_db, tmp_path,
+                                              unique_tag):
+    server = RedisServer(tmp_path)
+    server.start()
+    own_worker = Worker(concurrency=2, queue="debounce-failover",
+                        env={"DEBOUNCE_TEST_CACHE_URL": server.url})
+    own_worker.start()
+    caches = copy.deepcopy(settings.CACHES)
+    caches["default"]["LOCATION"] = server.url
+    last: dict[str, float] = {}
+    try:
+        with override_settings(CACHES=caches, DEBOUNCE_BACKEND="auto"):
+            for i in range(150):
+                if i == 40:
+                    server.stop()
+                if i == 70:
+                    server.start()
+                tag = f"{unique_tag}-{i % 3}"
+                failover.trigger(tag)  # never raises, Redis up or down
+                last[tag] = time.time()
+                time.sleep(0.02)
+            for tag, at in last.items():
+                wait_for(lambda tag=tag, at=at: RunLog.objects.filter(tag=tag, started__gte=at).exists(),
+                         timeout=60, message=f"a run of {tag} after its last trigger")
+        stores = set(DebounceKey.objects.filter(task_name="testapp.failover").values_list("store", flat=True))
+        assert stores <= {"redis", "database"}
+        from django_debounce.backends.auto import stats
+
+        assert stats.fallbacks >= 1
+    finally:
+        own_worker.stop()
+        server.stop()
+
+
+def test_check_w001_for_redis_backend_on_a_non_redis_cache():
+    caches = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+    with override_settings(DEBOUNCE_BACKEND="redis", CACHES=caches):
+        ids = [m.id for m in check_backend()]
+    assert ids == ["django_debounce.W001"]
+
+
+def test_auto_uses_the_database_without_django_redis():
+    caches = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+    with override_settings(DEBOUNCE_BACKEND="auto", CACHES=caches):
+        assert get_backend().redis is None
+    assert get_backend("auto").redis is not None
