@@ -29,8 +29,12 @@ def publish(task: Task, dispatch: Dispatch) -> None:
     if is_eager(task):
         return
     try:
+        if dispatch.kind == "watch":
+            message = {"k": dispatch.key_hash, "w": dispatch.seq, "b": dispatch.store}
+        else:
+            message = {"k": dispatch.key_hash, "s": dispatch.seq, "b": dispatch.store}
         task.apply_async(
-            kwargs={DISPATCH_KWARG: {"k": dispatch.key_hash, "s": dispatch.seq, "b": dispatch.store}},
+            kwargs={DISPATCH_KWARG: message},
             countdown=dispatch.countdown,
             serializer="json",
         )

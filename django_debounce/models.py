@@ -65,6 +65,10 @@ class DebounceKey(models.Model):
         _("dispatch due"), null=True, blank=True,
         help_text=_("When the outstanding dispatch message should arrive."),
     )
+    watchdog_at = models.DateTimeField(
+        _("watchdog due"), null=True, blank=True,
+        help_text=_("Lease end watched by the parked watchdog message, if any."),
+    )
     run_id = models.PositiveBigIntegerField(
         _("run id"), default=0, help_text=_("+1 at every claim; only the current run may finish.")
     )

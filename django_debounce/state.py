@@ -19,12 +19,19 @@ class KeyState(str, enum.Enum):
 
 @dataclass(frozen=True)
 class Dispatch:
-    """A dispatch message the caller must publish: ``countdown`` seconds from now, fenced by ``seq``."""
+    """A message the caller must publish, ``countdown`` seconds from now.
+
+    ``kind="fire"``: the flight's dispatch message, fenced by ``seq``.
+    ``kind="watch"``: a watchdog for the lease of a live run; ``seq`` is then the lease end
+    it watches (integer microseconds), so only the current watchdog re-arms itself.
+    ``store`` names the store that issued it: ``"d"`` database, ``"r"`` redis.
+    """
 
     key_hash: str
     seq: int
     countdown: float
-    store: str = "d"  # which store fences it: "d" database, "r" redis
+    store: str = "d"
+    kind: str = "fire"
 
 
 @dataclass(frozen=True)

@@ -155,13 +155,15 @@ class DebouncedTask(Task):
         max_wait = self.debounce_max_wait
         result, dispatch, undo = backend.trigger(
             task_name=self.name, key=key, key_hash=key_hash(self.name, key), payload=payload,
-            wait=wait, max_wait=max_wait,
+            wait=wait, max_wait=max_wait, overlap=self.debounce_overlap,
         )
         if dispatch is not None:
             try:
                 publish(self, dispatch)
             except PublishError:
-                backend.abort_trigger(dispatch.key_hash, dispatch.seq, undo or {})
+                backend.abort_trigger(
+                    dispatch.key_hash, dispatch.seq, {**(undo or {}), "kind": dispatch.kind}
+                )
                 raise
         return result
 
@@ -197,10 +199,15 @@ class DebouncedTask(Task):
         message = kwargs.pop(DISPATCH_KWARG, None)
         if message is None:
             return super().__call__(*args, **kwargs)
-        if not isinstance(message, dict) or not {"k", "s"} <= set(message) <= {"k", "s", "b", "n"}:
+        if not isinstance(message, dict) or not (
+            {"k", "s"} <= set(message) <= {"k", "s", "b", "n"}
+            or {"k", "w"} <= set(message) <= {"k", "w", "b", "n"}
+        ):
             logger.error("django_debounce: malformed dispatch message for %s dropped", self.name)
             return None
         try:
+            if "w" in message:
+                return self.watch(str(message["k"]), int(message["w"]), store=message.get("b"))
             return self.fire(str(message["k"]), int(message["s"]), store=message.get("b"))
         except STORE_ERRORS as exc:
             return self._store_unavailable(message, exc)
@@ -237,6 +244,12 @@ class DebouncedTask(Task):
         if decision.action is not FireAction.CLAIM or decision.claim is None:
             return None
         return self.run_claim(backend, decision.claim)
+
+    def watch(self, hashed: str, at: int, *, store: str | None = None) -> None:
+        """Handle a lease watchdog: the store redoes a lost run and re-arms while one is live."""
+        dispatch = self.get_backend().watch(hashed, at, store=store)
+        if dispatch is not None:
+            publish_quietly(self, dispatch)
 
     def run_claim(self, backend: BaseBackend, claim: Claim) -> Any:
         """Execute the body for a claimed flight, then record the finish and schedule what

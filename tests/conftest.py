@@ -96,6 +96,13 @@ class Worker:
                                + self.log.read_text()[-3000:])
         return b"ready." in self.log.read_bytes()
 
+    def kill(self) -> None:
+        """SIGKILL the worker and its pool processes: runs in progress die mid-body."""
+        assert self.proc is not None
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+        self._out.close()
+
     def stop(self) -> None:
         if self.proc is None or self.proc.poll() is not None:
             return

@@ -108,7 +108,10 @@ CACHES = {
 # A broker database of its own, flushed at the start of every session.
 CELERY_BROKER_URL = REDIS_URL.rsplit("/", 1)[0] + "/1"
 CELERY_TASK_DEFAULT_QUEUE = "debounce-tests"
-CELERY_TASK_ROUTES = {"testapp.failover": {"queue": "debounce-failover"}}
+CELERY_TASK_ROUTES = {
+    "testapp.failover": {"queue": "debounce-failover"},
+    "testapp.crashy": {"queue": "debounce-crash"},
+}
 CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_RESULT_BACKEND = None

@@ -139,6 +139,9 @@ class AutoBackend(BaseBackend):
     def finish(self, key_hash, run_id, *, ok, error="", store=None):
         return self._store(store).finish(key_hash, run_id, ok=ok, error=error)
 
+    def watch(self, key_hash, at, *, store=None):
+        return self._store(store).watch(key_hash, at)
+
     def heartbeat(self, key_hash, run_id, lease, *, store=None):
         return self._store(store).heartbeat(key_hash, run_id, lease)
 

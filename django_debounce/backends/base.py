@@ -30,12 +30,15 @@ class BaseBackend:
         payload: Any,
         wait: float,
         max_wait: float | None,
+        overlap: bool = False,
     ) -> tuple[TriggerResult, Dispatch | None, dict[str, Any] | None]:
         """Count one trigger (step 1).
 
         Returns ``(result, dispatch, undo)``: ``dispatch`` is the message the caller must
         publish (``None`` when the trigger was merged), ``undo`` what ``abort_trigger``
         needs to take the trigger back if that publish fails (invariant I8).
+        While a run of the key is live and ``overlap`` is false, no flight message is
+        published (the finishing run schedules the flight); at most a lease watchdog is.
         """
         raise NotImplementedError
 
@@ -64,6 +67,14 @@ class BaseBackend:
         self, key_hash: str, run_id: int, *, ok: bool, error: str = "", store: str | None = None
     ) -> Dispatch | None:
         """Record the end of run ``run_id`` (step 3); returns the follow-up flight's message."""
+        raise NotImplementedError
+
+    def watch(self, key_hash: str, at: int, *, store: str | None = None) -> Dispatch | None:
+        """A lease watchdog arrived (``at``: the lease end it watches, microseconds).
+
+        Redoes a run whose lease ran out (I7), schedules a flight left without a message,
+        and re-arms the watchdog while a run is live. Returns the message to publish.
+        """
         raise NotImplementedError
 
     def heartbeat(

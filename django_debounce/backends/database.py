@@ -77,6 +77,17 @@ class DatabaseBackend(BaseBackend):
         row.scheduled_at = at
         return Dispatch(row.key_hash, row.scheduled_seq, _seconds(at - now))
 
+    def _watchdog(self, row: DebounceKey, now: datetime) -> Dispatch | None:
+        """At most one watchdog per key is parked at a time: publish one for the live run's
+        lease end unless one is already due later than now."""
+        if row.running_until is None:
+            return None
+        if row.watchdog_at is not None and row.watchdog_at > now:
+            return None
+        row.watchdog_at = row.running_until
+        return Dispatch(row.key_hash, _us(row.running_until), _seconds(row.running_until - now),
+                        kind="watch")
+
     def _recover_lease(self, row: DebounceKey, now: datetime) -> None:
         """A live run whose lease ran out is lost: its triggers go back to pending (I7)."""
         if row.running_until is None or row.running_until > now:
@@ -118,10 +129,11 @@ class DatabaseBackend(BaseBackend):
         row.run_triggers = 0
         row.run_payload = None
         row.run_first_trigger_at = None
+        row.watchdog_at = None
 
     # -- operations -----------------------------------------------------------------------
 
-    def trigger(self, *, task_name, key, key_hash, payload, wait, max_wait):
+    def trigger(self, *, task_name, key, key_hash, payload, wait, max_wait, overlap=False):
         with transaction.atomic(using=self.alias):
             DebounceKey.objects.using(self.alias).bulk_create(
                 [DebounceKey(key=key, key_hash=key_hash, task_name=task_name,
@@ -156,22 +168,31 @@ class DatabaseBackend(BaseBackend):
                 and row.scheduled_at is not None
                 and row.scheduled_at + timedelta(seconds=_grace()) < now
             )
-            if not row.scheduled or lost_message:
+            if row.running_until is not None and not overlap:
+                dispatch = self._watchdog(row, now)  # the finishing run schedules the flight
+            elif not row.scheduled or lost_message:
                 dispatch = self._schedule(row, due, now)
             self._save(row)
         result = TriggerResult(
             key=key, flight_id=row.flight_id, pending=row.pending, due_at=row.due_at,
-            scheduled=dispatch is not None,
+            scheduled=dispatch is not None and dispatch.kind == "fire",
         )
         return result, dispatch, undo
 
     def abort_trigger(self, key_hash, seq, undo):
         with transaction.atomic(using=self.alias):
             row, _now = self._lock(key_hash)
-            if row is None or row.scheduled_seq != seq or not row.scheduled or row.pending == 0:
+            if row is None or row.pending == 0:
                 return
-            row.scheduled = False
-            row.scheduled_at = None
+            if undo.get("kind") == "watch":
+                if row.watchdog_at is None or _us(row.watchdog_at) != seq:
+                    return
+                row.watchdog_at = None
+            else:
+                if row.scheduled_seq != seq or not row.scheduled:
+                    return
+                row.scheduled = False
+                row.scheduled_at = None
             row.pending -= 1
             row.triggers -= 1
             if row.pending == 0:
@@ -204,9 +225,11 @@ class DatabaseBackend(BaseBackend):
                 self._save(row)
                 return FireDecision(FireAction.REARM, dispatch=dispatch)
             if row.running_until is not None and not overlap:
-                # The finishing run schedules this flight; this message comes back when the
-                # live run's lease runs out, so a run whose worker died is still redone (I7).
-                dispatch = self._schedule(row, row.running_until, now)
+                # The finishing run schedules this flight; a watchdog at the end of the live
+                # run's lease makes sure a run whose worker died is still redone (I7).
+                row.scheduled = False
+                row.scheduled_at = None
+                dispatch = self._watchdog(row, now)
                 self._save(row)
                 return FireDecision(FireAction.WAIT, dispatch=dispatch)
             claim = self._claim(row, now, lease)
@@ -264,6 +287,26 @@ class DatabaseBackend(BaseBackend):
                 at = max(row.due_at, now)
                 if not row.scheduled or row.scheduled_at is None or row.scheduled_at > at:
                     dispatch = self._schedule(row, at, now)
+            self._save(row)
+        return dispatch
+
+    def watch(self, key_hash, at, *, store=None):
+        with transaction.atomic(using=self.alias):
+            row, now = self._lock(key_hash)
+            if row is None or row.store != "database":
+                return None
+            self._recover_lease(row, now)
+            dispatch = None
+            current = row.watchdog_at is None or _us(row.watchdog_at) == at or row.watchdog_at <= now
+            if row.running_until is not None:
+                if current:
+                    row.watchdog_at = None
+                    dispatch = self._watchdog(row, now)
+            else:
+                if current:
+                    row.watchdog_at = None
+                if row.pending and not row.scheduled:
+                    dispatch = self._schedule(row, max(row.due_at, now), now)
             self._save(row)
         return dispatch
 
@@ -353,6 +396,10 @@ class DatabaseBackend(BaseBackend):
             .filter(key_hash__in=key_hashes)
             .values_list("key_hash", "pending")
         )
+
+
+def _us(value: datetime) -> int:
+    return int(round(value.timestamp() * 1_000_000))
 
 
 def _seq_base() -> int:

@@ -32,7 +32,9 @@ from django_debounce.state import Claim, Dispatch, FireAction, FireDecision, Tri
 logger = logging.getLogger("django_debounce")
 
 US = 1_000_000
-OPERATIONS = ("trigger", "abort", "fire", "finish", "heartbeat", "flush", "cancel", "recover")
+OPERATIONS = (
+    "trigger", "abort", "fire", "finish", "heartbeat", "flush", "cancel", "recover", "watch",
+)
 
 
 def _dt(us: int | str | bytes) -> datetime | None:
@@ -139,22 +141,26 @@ class RedisBackend(BaseBackend):
 
     # -- operations -----------------------------------------------------------------------
 
-    def trigger(self, *, task_name, key, key_hash, payload, wait, max_wait):
+    def trigger(self, *, task_name, key, key_hash, payload, wait, max_wait, overlap=False):
         grace, ttl = self._limits()
         args = [key, task_name, json.dumps(payload, separators=(",", ":")),
                 int(wait * US), -1 if max_wait is None else int(max_wait * US),
-                grace, ttl, int(time.time() * US), ""]
+                grace, ttl, int(time.time() * US), "", int(overlap)]
         out = self.scripts["trigger"](keys=[redis_key(key_hash)], args=args)
         if len(out) == 1:  # new to Redis: continue the durable record's counters
-            args[-1] = self._seed(key_hash)
+            args[8] = self._seed(key_hash)
             out = self.scripts["trigger"](keys=[redis_key(key_hash)], args=args)
-        flight_id, pending, due, seq, countdown, opened, prev_pl, prev_lt, prev_d, _now, lost, snap = out
+        (flight_id, pending, due, seq, countdown, opened, prev_pl, prev_lt, prev_d, _now, lost,
+         snap, kind) = out
         if snap:
             self._record(key_hash, snap, lost_run=int(lost))
         seq = int(seq)
-        dispatch = Dispatch(key_hash, seq, int(countdown) / US, self.store) if seq else None
+        kind = _s(kind)
+        dispatch = (
+            Dispatch(key_hash, seq, int(countdown) / US, self.store, kind) if seq else None
+        )
         result = TriggerResult(key=key, flight_id=int(flight_id), pending=int(pending),
-                               due_at=_dt(due), scheduled=dispatch is not None)
+                               due_at=_dt(due), scheduled=kind == "fire")
         undo = {"opened": int(opened), "payload": _s(prev_pl), "last": int(prev_lt), "due": int(prev_d)}
         return result, dispatch, undo
 
@@ -162,7 +168,8 @@ class RedisBackend(BaseBackend):
         grace, ttl = self._limits()
         self.scripts["abort"](
             keys=[redis_key(key_hash)],
-            args=[seq, undo["opened"], undo["payload"], undo["last"], undo["due"], grace, ttl],
+            args=[seq, undo["opened"], undo["payload"], undo["last"], undo["due"], grace, ttl,
+                  undo.get("kind", "fire")],
         )
 
     def fire(self, key_hash, seq, *, overlap, lease, now=None, store=None):
@@ -180,9 +187,13 @@ class RedisBackend(BaseBackend):
             self._mark_lost(key_hash, lost)
         if action == 0:
             return FireDecision(FireAction.DROP)
-        if action in (1, 2):
+        if action == 1:
             dispatch = Dispatch(key_hash, int(out[2]), int(out[3]) / US, self.store)
-            return FireDecision(FireAction.REARM if action == 1 else FireAction.WAIT, dispatch=dispatch)
+            return FireDecision(FireAction.REARM, dispatch=dispatch)
+        if action == 2:
+            at = int(out[2])
+            watchdog = Dispatch(key_hash, at, int(out[3]) / US, self.store, "watch") if at else None
+            return FireDecision(FireAction.WAIT, dispatch=watchdog)
         _a, _l, run_id, flight_id, claimed, payload, first, last, due, started, snap = out
         self._record(key_hash, snap)
         raw = {_s(snap[i]): _s(snap[i + 1]) for i in range(0, len(snap), 2)}
@@ -228,6 +239,16 @@ class RedisBackend(BaseBackend):
         self._record(key_hash, snap)
         seq = int(seq)
         return Dispatch(key_hash, seq, int(countdown) / US, self.store) if seq else None
+
+    def watch(self, key_hash, at, *, store=None):
+        grace, ttl = self._limits()
+        seq, countdown, kind, lost, snap = self.scripts["watch"](
+            keys=[redis_key(key_hash)], args=[at, grace, ttl]
+        )
+        if snap:
+            self._record(key_hash, snap, lost_run=int(lost))
+        seq = int(seq)
+        return Dispatch(key_hash, seq, int(countdown) / US, self.store, _s(kind)) if seq else None
 
     def heartbeat(self, key_hash, run_id, lease, *, store=None):
         grace, ttl = self._limits()

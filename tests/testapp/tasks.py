@@ -89,3 +89,8 @@ def doc_saved(sender, instance, pk, debounce, **kwargs):
 @debounced_task(wait=0.2, name="testapp.failover", lease=5)
 def failover(tag: str, *, debounce: RunInfo) -> None:
     _body("testapp.failover", tag, 0, debounce)
+
+
+@debounced_task(wait=0.2, name="testapp.crashy", lease=3, key=lambda tag, sleep=0.0: f"crashy:{tag}")
+def crashy(tag: str, sleep: float = 0.0, *, debounce: RunInfo) -> None:
+    _body("testapp.crashy", tag, sleep, debounce)

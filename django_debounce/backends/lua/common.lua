@@ -1,7 +1,7 @@
 -- Shared by every script of the Redis store (prepended by redis.py).
 -- State of one debounce key lives in one hash, KEYS[1] = "debounce:{<key hash>}".
 -- Times are integer microseconds from Redis TIME, written with %d so no precision is lost.
-local NUM = {'p','f','ft','lt','d','q','sc','sa','r','ru','rt','rf','T','R','M','C','lr'}
+local NUM = {'p','f','ft','lt','d','q','sc','sa','r','ru','rt','rf','T','R','M','C','lr','wa'}
 
 local function fmt(v) return string.format('%d', v) end
 
@@ -24,7 +24,7 @@ local function save(h, s, now, ttl_ms, grace_us, extra)
   for _, n in ipairs(NUM) do args[#args + 1] = n; args[#args + 1] = fmt(s[n]) end
   if extra then for _, x in ipairs(extra) do args[#args + 1] = x end end
   redis.call('HSET', h, unpack(args))
-  local horizon = math.max(s.d, s.ru, s.sa) - now + grace_us
+  local horizon = math.max(s.d, s.ru, s.sa, s.wa) - now + grace_us
   local ttl = math.max(ttl_ms, math.ceil(horizon / 1000))
   redis.call('PEXPIRE', h, fmt(ttl))
 end
@@ -48,6 +48,7 @@ local function recover_lease(h, s, now)
     s.d = math.min(s.d, now)
   end
   s.p = s.p + claimed
+  s.wa = 0
   s.ru = 0
   s.rt = 0
   s.rf = 0
@@ -61,6 +62,14 @@ local function schedule(s, at, now)
   s.sc = 1
   s.sa = at
   return math.max(at - now, 0)
+end
+
+-- At most one lease watchdog per key is parked at a time. Returns its time and countdown
+-- (us), or 0, 0 when none is needed.
+local function watchdog(s, now)
+  if s.ru == 0 or s.wa > now then return 0, 0 end
+  s.wa = s.ru
+  return s.ru, s.ru - now
 end
 
 local function snapshot(h)

@@ -1,6 +1,6 @@
 -- What a dispatch message does. ARGV: seq (-1: in-process, no fencing), overlap (0/1),
 -- lease_us, now_us (0: Redis TIME), grace_us, ttl_ms
--- Returns {action, ...}: 0 drop, 1 rearm, 2 wait (watchdog at lease end), 3 claim, -1 missing.
+-- Returns {action, ...}: 0 drop, 1 rearm, 2 wait (maybe a lease watchdog), 3 claim, -1 missing.
 local h = KEYS[1]
 if redis.call('EXISTS', h) == 0 then return {-1} end
 local now = tonumber(ARGV[4])
@@ -24,9 +24,12 @@ if now < s.d then
   return {1, lost, fmt(s.q), fmt(cd)}
 end
 if s.ru > 0 and ARGV[2] == '0' then
-  local cd = schedule(s, s.ru, now)
+  -- the finishing run schedules this flight; a watchdog at the lease end covers a dead worker
+  s.sc = 0
+  s.sa = 0
+  local at, cd = watchdog(s, now)
   save(h, s, now, ttl, grace)
-  return {2, lost, fmt(s.q), fmt(cd)}
+  return {2, lost, fmt(at), fmt(cd)}
 end
 -- claim
 local payload = redis.call('HGET', h, 'pl') or ''

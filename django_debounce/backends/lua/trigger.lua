@@ -1,5 +1,6 @@
 -- ARGV: key, task_name, payload, wait_us, max_wait_us (-1: none), grace_us, ttl_ms, seq_base,
---       seed ("" or "run_id,flight_id,triggers,runs,merged,cancelled" of the durable record)
+--       seed ("" or "run_id,flight_id,triggers,runs,merged,cancelled" of the durable record),
+--       overlap (0/1)
 -- A key new to Redis returns {'seed'} without writing when no seed is given: the caller reads
 -- the durable record and calls again, so counters continue where the database left them.
 local h = KEYS[1]
@@ -34,10 +35,15 @@ local max_wait = tonumber(ARGV[5])
 if max_wait >= 0 then due = math.min(due, s.ft + max_wait) end
 s.d = due
 local grace = tonumber(ARGV[6])
-local seq, countdown = 0, 0
-if s.sc == 0 or s.sa + grace < now then
+local seq, countdown, kind = 0, 0, ''
+if s.ru > 0 and ARGV[10] == '0' then
+  -- the finishing run schedules this flight; at most a lease watchdog is published
+  local at, cd = watchdog(s, now)
+  if at > 0 then seq, countdown, kind = at, cd, 'watch' end
+elseif s.sc == 0 or s.sa + grace < now then
   countdown = schedule(s, due, now)
   seq = s.q
+  kind = 'fire'
 end
 local extra = {'pl', ARGV[3]}
 if fresh then extra = {'pl', ARGV[3], 'k', ARGV[1], 'tn', ARGV[2]} end
@@ -45,4 +51,4 @@ save(h, s, now, tonumber(ARGV[7]), grace, extra)
 local snap = {}
 if opened == 1 or lost > 0 then snap = snapshot(h) end
 return {s.f, s.p, fmt(s.d), fmt(seq), fmt(countdown), opened, prev_pl, fmt(prev_lt), fmt(prev_d),
-        fmt(now), lost, snap}
+        fmt(now), lost, snap, kind}
