@@ -10,6 +10,8 @@ from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
+from django.core.signals import setting_changed
+from django.dispatch import receiver
 
 DEFAULTS: dict[str, Any] = {
     "BACKEND": "auto",
@@ -26,9 +28,26 @@ DEFAULTS: dict[str, Any] = {
 }
 
 
+_cache: dict[str, Any] = {}
+
+
 def get(name: str) -> Any:
-    """Return the value of setting ``DEBOUNCE_<name>``, or its default."""
-    return getattr(settings, f"DEBOUNCE_{name}", DEFAULTS[name])
+    """Return the value of setting ``DEBOUNCE_<name>``, or its default.
+
+    Values are cached (every trigger reads several) and the cache is dropped on Django's
+    ``setting_changed``, so ``override_settings`` works.
+    """
+    try:
+        return _cache[name]
+    except KeyError:
+        value = _cache[name] = getattr(settings, f"DEBOUNCE_{name}", DEFAULTS[name])
+        return value
+
+
+@receiver(setting_changed)
+def _reset(*, setting: str, **kwargs: Any) -> None:
+    if setting.startswith("DEBOUNCE_"):
+        _cache.clear()
 
 
 def seconds(value: Any, *, name: str, allow_none: bool = False) -> float | None:

@@ -164,7 +164,7 @@ class DebouncedReceiverTask(DebouncedTask):
     debounce_call_missing: bool = False
     debounce_handler: Callable[..., Any] | None = None
 
-    def resolve(self, args: tuple, kwargs: dict) -> tuple[str, Any]:
+    def _resolve(self, args: tuple, kwargs: dict) -> tuple[str, Any, str | None]:
         """``trigger(instance)`` or ``trigger(Model, pk)``: key ``app_label.model:pk``."""
         if len(args) == 1 and not kwargs and isinstance(args[0], models.Model):
             instance = args[0]
@@ -178,7 +178,7 @@ class DebouncedReceiverTask(DebouncedTask):
                 f"{self.name}.trigger() takes a model instance, or a model class and a primary "
                 f"key; got args={args!r} kwargs={kwargs!r}."
             )
-        return self.key_for(payload), payload
+        return self.key_for(payload), payload, None
 
     def call_arguments(self, payload: Any) -> tuple[list[Any], dict[str, Any]]:
         """The receiver body takes the payload's fields as keywords."""

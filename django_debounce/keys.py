@@ -69,6 +69,30 @@ def payload_signature(func: Callable[..., Any]) -> inspect.Signature:
     return sig.replace(parameters=params)
 
 
+class PayloadBinder:
+    """``bind_payload`` for one signature, with a fast path for the common call shape.
+
+    A body whose parameters are all positional-or-keyword, called with positional arguments
+    only, binds without ``inspect`` (every trigger is a hot path).
+    """
+
+    def __init__(self, sig: inspect.Signature) -> None:
+        self.sig = sig
+        params = list(sig.parameters.values())
+        self.simple = all(p.kind is p.POSITIONAL_OR_KEYWORD for p in params)
+        self.size = len(params)
+        self.defaults = [p.default for p in params]
+        self.required = sum(1 for p in params if p.default is p.empty)
+        if self.simple and any(p.default is p.empty for p in params[self.required:]):
+            self.simple = False  # a required parameter after a defaulted one: let inspect say
+
+    def __call__(self, args: tuple, kwargs: dict) -> dict[str, Any]:
+        n = len(args)
+        if self.simple and not kwargs and self.required <= n <= self.size:
+            return {"args": [*args, *self.defaults[n:]], "kwargs": {}}
+        return bind_payload(self.sig, args, kwargs)
+
+
 def bind_payload(sig: inspect.Signature, args: tuple, kwargs: dict) -> dict[str, Any]:
     """Bind a trigger's arguments to the task signature, defaults applied.
 
@@ -78,8 +102,3 @@ def bind_payload(sig: inspect.Signature, args: tuple, kwargs: dict) -> dict[str,
     bound = sig.bind(*args, **kwargs)
     bound.apply_defaults()
     return {"args": list(bound.args), "kwargs": dict(bound.kwargs)}
-
-
-def default_key(task_name: str, payload: dict[str, Any]) -> str:
-    """Default readable key of a ``debounced_task``: task name plus canonical JSON of the payload."""
-    return f"{task_name}:{dumps(payload)}"

@@ -22,8 +22,7 @@ from django_debounce.dispatch import DISPATCH_KWARG, is_eager, publish, publish_
 from django_debounce.exceptions import PublishError
 from django_debounce.keys import (
     RESERVED_PARAMETER,
-    bind_payload,
-    default_key,
+    PayloadBinder,
     dumps,
     key_hash,
     payload_signature,
@@ -83,11 +82,11 @@ class DebouncedTask(Task):
         return get_backend(self.debounce_backend)
 
     @property
-    def _payload_sig(self) -> inspect.Signature:
-        sig = self.__dict__.get("_sig")
-        if sig is None:
-            sig = self.__dict__["_sig"] = payload_signature(self.run)
-        return sig
+    def _binder(self) -> PayloadBinder:
+        binder = self.__dict__.get("_binder_cache")
+        if binder is None:
+            binder = self.__dict__["_binder_cache"] = PayloadBinder(payload_signature(self.run))
+        return binder
 
     def _wants_runinfo(self) -> bool:
         return RESERVED_PARAMETER in inspect.signature(self.run).parameters
@@ -100,16 +99,21 @@ class DebouncedTask(Task):
         Raises ``TypeError`` when the arguments do not fit the task's signature, when the
         payload is not JSON-serialisable, or when ``key=`` does not return a string.
         """
-        payload = bind_payload(self._payload_sig, args, kwargs)
-        dumps(payload)
+        key, payload, _encoded = self._resolve(args, kwargs)
+        return key, payload
+
+    def _resolve(self, args: tuple, kwargs: dict) -> tuple[str, Any, str]:
+        """``resolve`` plus the payload's canonical JSON, encoded once per trigger."""
+        payload = self._binder(args, kwargs)
+        encoded = dumps(payload)
         if self.debounce_key is None:
-            return default_key(self.name, payload), payload
+            return f"{self.name}:{encoded}", payload, encoded
         key = self.debounce_key(*payload["args"], **payload["kwargs"])
         if not isinstance(key, str):
             raise TypeError(
                 f"key= of {self.name} must return a str, got {type(key).__name__}: {key!r}."
             )
-        return key, payload
+        return key, payload, encoded
 
     def call_arguments(self, payload: Any) -> tuple[list[Any], dict[str, Any]]:
         """Turn a stored payload back into the body's positional and keyword arguments."""
@@ -129,10 +133,12 @@ class DebouncedTask(Task):
         signature or are not JSON, and ``PublishError`` when the broker refuses the dispatch
         message (the trigger is then not counted, invariant I8).
         """
-        key, payload = self.resolve(args, kwargs)
-        return self.trigger_payload(key, payload)
+        key, payload, encoded = self._resolve(args, kwargs)
+        return self.trigger_payload(key, payload, payload_json=encoded)
 
-    def trigger_payload(self, key: str, payload: Any, *, using: str | None = None) -> TriggerResult:
+    def trigger_payload(
+        self, key: str, payload: Any, *, using: str | None = None, payload_json: str | None = None
+    ) -> TriggerResult:
         """Count one trigger for an already resolved ``key`` and JSON ``payload``.
 
         ``using`` is the database alias whose transaction defers the trigger (default alias
@@ -145,17 +151,18 @@ class DebouncedTask(Task):
             on_commit = bool(conf.get("ON_COMMIT"))
         alias = using or DEFAULT_DB_ALIAS
         if on_commit and connections[alias].in_atomic_block:
-            transaction.on_commit(partial(self._trigger_now, key, payload), using=alias)
+            transaction.on_commit(
+                partial(self._trigger_now, key, payload, payload_json), using=alias
+            )
             return TriggerResult(key, None, None, None, scheduled=False, deferred=True)
-        return self._trigger_now(key, payload)
+        return self._trigger_now(key, payload, payload_json)
 
-    def _trigger_now(self, key: str, payload: Any) -> TriggerResult:
+    def _trigger_now(self, key: str, payload: Any, payload_json: str | None = None) -> TriggerResult:
         backend = self.get_backend()
-        wait = self.wait
-        max_wait = self.debounce_max_wait
         result, dispatch, undo = backend.trigger(
             task_name=self.name, key=key, key_hash=key_hash(self.name, key), payload=payload,
-            wait=wait, max_wait=max_wait, overlap=self.debounce_overlap,
+            wait=self.wait, max_wait=self.debounce_max_wait, overlap=self.debounce_overlap,
+            payload_json=payload_json,
         )
         if dispatch is not None:
             try:

@@ -31,12 +31,14 @@ class BaseBackend:
         wait: float,
         max_wait: float | None,
         overlap: bool = False,
+        payload_json: str | None = None,
     ) -> tuple[TriggerResult, Dispatch | None, dict[str, Any] | None]:
         """Count one trigger (step 1).
 
         Returns ``(result, dispatch, undo)``: ``dispatch`` is the message the caller must
         publish (``None`` when the trigger was merged), ``undo`` what ``abort_trigger``
         needs to take the trigger back if that publish fails (invariant I8).
+        ``payload_json`` is ``payload`` already encoded, when the caller has it.
         While a run of the key is live and ``overlap`` is false, no flight message is
         published (the finishing run schedules the flight); at most a lease watchdog is.
         """

@@ -132,7 +132,7 @@ class DatabaseBackend(BaseBackend):
         row.run_first_trigger_at = None
         row.watchdog_at = None
 
-    def _merge(self, alias: str, key_hash: str, payload: Any, wait: float,
+    def _merge(self, alias: str, key_hash: str, payload: str, wait: float,
                max_wait: float | None, overlap: bool) -> tuple[int, int, datetime] | None:
         """The hot path on PostgreSQL: a trigger that only merges into an open flight is one
         ``UPDATE ... RETURNING`` (it takes the row lock, like the full path, in one round trip).
@@ -143,17 +143,19 @@ class DatabaseBackend(BaseBackend):
         with connections[alias].cursor() as cursor:
             cursor.execute(
                 _MERGE_SQL.format(table=DebounceKey._meta.db_table),
-                {"h": key_hash, "payload": json.dumps(payload), "wait": wait,
+                {"h": key_hash, "payload": payload, "wait": wait,
                  "max_wait": max_wait, "grace": _grace(), "overlap": overlap},
             )
             return cursor.fetchone()
 
     # -- operations -----------------------------------------------------------------------
 
-    def trigger(self, *, task_name, key, key_hash, payload, wait, max_wait, overlap=False):
+    def trigger(self, *, task_name, key, key_hash, payload, wait, max_wait, overlap=False,
+                payload_json=None):
         alias = self.alias
         if connections[alias].vendor == "postgresql":
-            merged = self._merge(alias, key_hash, payload, wait, max_wait, overlap)
+            merged = self._merge(alias, key_hash, payload_json or json.dumps(payload), wait,
+                                 max_wait, overlap)
             if merged is not None:
                 flight_id, pending, due_at = merged
                 return TriggerResult(key, flight_id, pending, due_at, scheduled=False), None, None

@@ -23,6 +23,7 @@ from typing import Any
 import logging
 
 from django.db import IntegrityError, router, transaction
+from redis.exceptions import NoScriptError
 
 from django_debounce import conf
 from django_debounce.backends.base import BaseBackend
@@ -74,19 +75,39 @@ class RedisBackend(BaseBackend):
         """Scripts are registered once; redis-py calls them by SHA and reloads on NOSCRIPT."""
         lua = resources.files("django_debounce.backends") / "lua"
         common = (lua / "common.lua").read_text()
-        return {
-            op: self.client.register_script(common + "\n" + (lua / f"{op}.lua").read_text())
-            for op in OPERATIONS
-        }
+        scripts = {}
+        for op in OPERATIONS:
+            source = (lua / f"{op}.lua").read_text()
+            # trigger.lua places the shared functions after its hot path, so a merged trigger
+            # does not pay for defining them.
+            source = source.replace("-- @@common@@", common) if "-- @@common@@" in source \
+                else common + "\n" + source
+            scripts[op] = self.client.register_script(source)
+        return scripts
+
+    def _run(self, op: str, rkey: str, args: list[Any]) -> Any:
+        """EVALSHA of script ``op`` on one key; loads it again after NOSCRIPT (a restarted or
+        flushed server). One round trip in the normal case."""
+        script = self.scripts[op]
+        try:
+            return self.client.evalsha(script.sha, 1, rkey, *args)
+        except NoScriptError:
+            script.sha = self.client.script_load(script.script)
+            return self.client.evalsha(script.sha, 1, rkey, *args)
 
     @property
     def alias(self) -> str:
         return router.db_for_write(DebounceKey)
 
     def _limits(self) -> tuple[int, int]:
-        grace = float(conf.get("DISPATCH_GRACE"))
-        ttl = conf.seconds(conf.get("REDIS_TTL"), name="DEBOUNCE_REDIS_TTL")
-        return int(grace * US), int(ttl * 1000)  # type: ignore[operator]
+        """Grace (us) and minimum TTL (ms). Read once per backend instance: the instance is
+        rebuilt when a ``DEBOUNCE_`` setting changes."""
+        limits = self.__dict__.get("_limits_cache")
+        if limits is None:
+            grace = float(conf.get("DISPATCH_GRACE"))
+            ttl = conf.seconds(conf.get("REDIS_TTL"), name="DEBOUNCE_REDIS_TTL")
+            limits = self.__dict__["_limits_cache"] = (int(grace * US), int(ttl * 1000))  # type: ignore[operator]
+        return limits
 
     # -- durable record -------------------------------------------------------------------
 
@@ -141,15 +162,20 @@ class RedisBackend(BaseBackend):
 
     # -- operations -----------------------------------------------------------------------
 
-    def trigger(self, *, task_name, key, key_hash, payload, wait, max_wait, overlap=False):
+    def trigger(self, *, task_name, key, key_hash, payload, wait, max_wait, overlap=False,
+                payload_json=None):
         grace, ttl = self._limits()
-        args = [key, task_name, json.dumps(payload, separators=(",", ":")),
-                int(wait * US), -1 if max_wait is None else int(max_wait * US),
-                grace, ttl, int(time.time() * US), "", int(overlap)]
-        out = self.scripts["trigger"](keys=[redis_key(key_hash)], args=args)
+        encoded = payload_json if payload_json is not None else json.dumps(
+            payload, separators=(",", ":"), ensure_ascii=False)
+        args = [encoded, int(wait * US), -1 if max_wait is None else int(max_wait * US),
+                grace, ttl, int(overlap)]
+        rkey = redis_key(key_hash)
+        out = self._run("trigger", rkey, args)
         if len(out) == 1:  # new to Redis: continue the durable record's counters
-            args[8] = self._seed(key_hash)
-            out = self.scripts["trigger"](keys=[redis_key(key_hash)], args=args)
+            args += [key, task_name, int(time.time() * US), self._seed(key_hash)]
+            out = self._run("trigger", rkey, args)
+        if len(out) == 3:  # merged into the open flight: nothing to publish or record
+            return TriggerResult(key, out[0], out[1], _dt(out[2]), False), None, None
         (flight_id, pending, due, seq, countdown, opened, prev_pl, prev_lt, prev_d, _now, lost,
          snap, kind) = out
         if snap:
@@ -166,17 +192,13 @@ class RedisBackend(BaseBackend):
 
     def abort_trigger(self, key_hash, seq, undo):
         grace, ttl = self._limits()
-        self.scripts["abort"](
-            keys=[redis_key(key_hash)],
-            args=[seq, undo["opened"], undo["payload"], undo["last"], undo["due"], grace, ttl,
+        self._run("abort", redis_key(key_hash), [seq, undo["opened"], undo["payload"], undo["last"], undo["due"], grace, ttl,
                   undo.get("kind", "fire")],
         )
 
     def fire(self, key_hash, seq, *, overlap, lease, now=None, store=None):
         grace, ttl = self._limits()
-        out = self.scripts["fire"](
-            keys=[redis_key(key_hash)],
-            args=[-1 if seq is None else seq, int(overlap), int(lease * US),
+        out = self._run("fire", redis_key(key_hash), [-1 if seq is None else seq, int(overlap), int(lease * US),
                   _us(now) if now else 0, grace, ttl],
         )
         action = int(out[0])
@@ -224,8 +246,7 @@ class RedisBackend(BaseBackend):
 
     def finish(self, key_hash, run_id, *, ok, error="", store=None):
         grace, ttl = self._limits()
-        applied, seq, countdown, now, snap = self.scripts["finish"](
-            keys=[redis_key(key_hash)], args=[run_id, int(ok), grace, ttl]
+        applied, seq, countdown, now, snap = self._run("finish", redis_key(key_hash), [run_id, int(ok), grace, ttl]
         )
         finished_at = _dt(now)
         DebounceRun.objects.using(self.alias).filter(
@@ -242,8 +263,7 @@ class RedisBackend(BaseBackend):
 
     def watch(self, key_hash, at, *, store=None):
         grace, ttl = self._limits()
-        seq, countdown, kind, lost, snap = self.scripts["watch"](
-            keys=[redis_key(key_hash)], args=[at, grace, ttl]
+        seq, countdown, kind, lost, snap = self._run("watch", redis_key(key_hash), [at, grace, ttl]
         )
         if snap:
             self._record(key_hash, snap, lost_run=int(lost))
@@ -252,18 +272,17 @@ class RedisBackend(BaseBackend):
 
     def heartbeat(self, key_hash, run_id, lease, *, store=None):
         grace, ttl = self._limits()
-        return bool(self.scripts["heartbeat"](
-            keys=[redis_key(key_hash)], args=[run_id, int(lease * US), grace, ttl]))
+        return bool(self._run("heartbeat", redis_key(key_hash), [run_id, int(lease * US), grace, ttl]))
 
     def flush(self, key_hash):
         grace, ttl = self._limits()
-        (seq,) = self.scripts["flush"](keys=[redis_key(key_hash)], args=[grace, ttl])
+        (seq,) = self._run("flush", redis_key(key_hash), [grace, ttl])
         seq = int(seq)
         return Dispatch(key_hash, seq, 0.0, self.store) if seq else None
 
     def cancel(self, key_hash):
         grace, ttl = self._limits()
-        dropped, snap = self.scripts["cancel"](keys=[redis_key(key_hash)], args=[grace, ttl])
+        dropped, snap = self._run("cancel", redis_key(key_hash), [grace, ttl])
         self._record(key_hash, snap)
         return int(dropped)
 
@@ -294,8 +313,7 @@ class RedisBackend(BaseBackend):
         _grace, ttl = self._limits()
         out: list[tuple[str, Dispatch]] = []
         for task_name, h in self._live():
-            lost, seq, countdown, snap = self.scripts["recover"](
-                keys=[redis_key(h)], args=[int(grace * US), ttl]
+            lost, seq, countdown, snap = self._run("recover", redis_key(h), [int(grace * US), ttl]
             )
             self._record(h, snap, lost_run=int(lost))
             if int(seq):

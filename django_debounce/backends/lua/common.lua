@@ -1,7 +1,7 @@
 -- Shared by every script of the Redis store (prepended by redis.py).
 -- State of one debounce key lives in one hash, KEYS[1] = "debounce:{<key hash>}".
 -- Times are integer microseconds from Redis TIME, written with %d so no precision is lost.
-local NUM = {'p','f','ft','lt','d','q','sc','sa','r','ru','rt','rf','T','R','M','C','lr','wa'}
+local NUM = {'p','f','ft','lt','d','q','sc','sa','r','ru','rt','rf','T','R','M','C','lr','wa','o','mu','x'}
 
 local function fmt(v) return string.format('%d', v) end
 
@@ -17,15 +17,35 @@ local function load_state(h)
   return s
 end
 
+-- Until when a trigger only merges (the hot path of trigger.lua): a flight is open and its
+-- dispatch message is outstanding and not overdue, or a live run (no overlap) will schedule
+-- it and its lease watchdog is parked. 0: the full path decides.
+local function merge_until(s, grace_us)
+  if s.p == 0 then return 0 end
+  if s.ru == 0 then
+    if s.sc == 1 then return s.sa + grace_us end
+    return 0
+  end
+  if s.o == 1 then
+    if s.sc == 1 then return math.min(s.sa + grace_us, s.ru) end
+    return 0
+  end
+  if s.wa > 0 then return math.min(s.ru, s.wa) end
+  return 0
+end
+
 -- Write every numeric field and refresh the TTL: never shorter than ttl_ms, never shorter
 -- than the state still needs (due time, lease, outstanding message) plus the grace period.
+-- `x` keeps the expiry deadline so the hot path refreshes the TTL only when it must.
 local function save(h, s, now, ttl_ms, grace_us, extra)
+  local horizon = math.max(s.d, s.ru, s.sa, s.wa) - now + grace_us
+  local ttl = math.max(ttl_ms, math.ceil(horizon / 1000))
+  s.mu = merge_until(s, grace_us)
+  s.x = now + ttl * 1000
   local args = {}
   for _, n in ipairs(NUM) do args[#args + 1] = n; args[#args + 1] = fmt(s[n]) end
   if extra then for _, x in ipairs(extra) do args[#args + 1] = x end end
   redis.call('HSET', h, unpack(args))
-  local horizon = math.max(s.d, s.ru, s.sa, s.wa) - now + grace_us
-  local ttl = math.max(ttl_ms, math.ceil(horizon / 1000))
   redis.call('PEXPIRE', h, fmt(ttl))
 end
 

@@ -7,6 +7,7 @@ local now = tonumber(ARGV[4])
 if now == 0 then now = clock() end
 local grace, ttl = tonumber(ARGV[5]), tonumber(ARGV[6])
 local s = load_state(h)
+s.o = tonumber(ARGV[2])
 local lost = recover_lease(h, s, now)
 local seq = tonumber(ARGV[1])
 if seq >= 0 and (seq ~= s.q or s.sc == 0) then
