@@ -6,6 +6,7 @@ Defaults need no server: SQLite in ``example_project/var/`` and kombu's filesyst
 - ``DATABASE_URL``: ``postgres://user:password@host:port/name`` (PostgreSQL) or
   ``sqlite:////absolute/path.sqlite3``;
 - ``CELERY_BROKER_URL``: e.g. ``redis://localhost:6379/5`` (any broker URL Celery knows);
+- ``REDIS_URL``: a django-redis default cache, so django-debounce keeps its state in Redis;
 - ``DJANGO_SECRET_KEY``, ``DJANGO_DEBUG`` (``0``/``1``), ``DJANGO_ALLOWED_HOSTS`` (comma list).
 """
 
@@ -119,8 +120,14 @@ DATABASES = {
 }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
-# The redis backend of django-debounce is not released yet: a plain local-memory cache.
-CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+# REDIS_URL=redis://host:6379/3 makes the default cache django-redis, and with it the
+# django-debounce "auto" store uses Redis; without it the state lives in the database.
+REDIS_URL = os.environ.get("REDIS_URL", "")
+CACHES = {
+    "default": {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": REDIS_URL}
+    if REDIS_URL
+    else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}
+}
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
@@ -176,7 +183,7 @@ CELERY_TIMEZONE = TIME_ZONE
 
 # -- django-debounce ------------------------------------------------------------------------
 
-DEBOUNCE_BACKEND = "database"
+DEBOUNCE_BACKEND = "auto"
 DEBOUNCE_LEASE = 60
 
 LOGGING = {
