@@ -69,6 +69,14 @@ class DebounceKey(models.Model):
         _("watchdog due"), null=True, blank=True,
         help_text=_("Lease end watched by the parked watchdog message, if any."),
     )
+    overlap = models.BooleanField(
+        _("overlap"), default=False, help_text=_("The task allows overlapping runs of this key.")
+    )
+    merge_until = models.DateTimeField(
+        _("merge until"), null=True, blank=True,
+        help_text=_("Until when a trigger only merges into the open flight (the one-statement "
+                    "hot path); empty when the full state machine must decide."),
+    )
     run_id = models.PositiveBigIntegerField(
         _("run id"), default=0, help_text=_("+1 at every claim; only the current run may finish.")
     )
@@ -117,7 +125,8 @@ class DebounceKey(models.Model):
         verbose_name = _("debounce key")
         verbose_name_plural = _("debounce keys")
         indexes = [
-            models.Index(fields=["state", "due_at"], name="debounce_key_state_due"),
+            # A merged trigger changes no indexed column, so PostgreSQL updates it in place (HOT).
+            models.Index(fields=["state"], name="debounce_key_state"),
             models.Index(fields=["task_name", "state"], name="debounce_key_task_state"),
             models.Index(fields=["updated_at"], name="debounce_key_updated"),
         ]

@@ -69,6 +69,7 @@ class DatabaseBackend(BaseBackend):
             else State.IDLE
         )
         row.store = "database"
+        row.merge_until = _merge_until(row)
         row.save(using=self.alias)
 
     def _schedule(self, row: DebounceKey, at: datetime, now: datetime) -> Dispatch:
@@ -133,7 +134,7 @@ class DatabaseBackend(BaseBackend):
         row.watchdog_at = None
 
     def _merge(self, alias: str, key_hash: str, payload: str, wait: float,
-               max_wait: float | None, overlap: bool) -> tuple[int, int, datetime] | None:
+               max_wait: float | None) -> tuple[int, int, datetime] | None:
         """The hot path on PostgreSQL: a trigger that only merges into an open flight is one
         ``UPDATE ... RETURNING`` (it takes the row lock, like the full path, in one round trip).
 
@@ -141,11 +142,8 @@ class DatabaseBackend(BaseBackend):
         outstanding, lease or message overdue): the full path then decides.
         """
         with connections[alias].cursor() as cursor:
-            cursor.execute(
-                _MERGE_SQL.format(table=DebounceKey._meta.db_table),
-                {"h": key_hash, "payload": payload, "wait": wait,
-                 "max_wait": max_wait, "grace": _grace(), "overlap": overlap},
-            )
+            cursor.execute(_MERGE_SQL.format(table=DebounceKey._meta.db_table),
+                           [payload, wait, max_wait, key_hash])
             return cursor.fetchone()
 
     # -- operations -----------------------------------------------------------------------
@@ -155,7 +153,7 @@ class DatabaseBackend(BaseBackend):
         alias = self.alias
         if connections[alias].vendor == "postgresql":
             merged = self._merge(alias, key_hash, payload_json or json.dumps(payload), wait,
-                                 max_wait, overlap)
+                                 max_wait)
             if merged is not None:
                 flight_id, pending, due_at = merged
                 return TriggerResult(key, flight_id, pending, due_at, scheduled=False), None, None
@@ -169,6 +167,7 @@ class DatabaseBackend(BaseBackend):
             assert row is not None
             if row.store != "database":
                 self._adopt(row)
+            row.overlap = overlap
             self._recover_lease(row, now)
             undo = {
                 "opened": row.pending == 0,
@@ -235,6 +234,7 @@ class DatabaseBackend(BaseBackend):
             row, now = self._lock(key_hash, now)
             if row is None:
                 return FireDecision(FireAction.DROP)
+            row.overlap = overlap
             self._recover_lease(row, now)
             if seq is not None and (
                 seq != row.scheduled_seq or not row.scheduled or row.store != "database"
@@ -423,26 +423,30 @@ class DatabaseBackend(BaseBackend):
         )
 
 
-_MERGE_SQL = """
-UPDATE {table} AS k SET
-    pending = k.pending + 1,
-    triggers = k.triggers + 1,
-    last_trigger_at = STATEMENT_TIMESTAMP(),
-    payload = %(payload)s::jsonb,
-    due_at = LEAST(STATEMENT_TIMESTAMP() + make_interval(secs => %(wait)s::float8),
-                   k.first_trigger_at + make_interval(secs => %(max_wait)s::float8)),
-    updated_at = STATEMENT_TIMESTAMP()
-WHERE k.key_hash = %(h)s AND k.store = 'database' AND k.pending > 0
-  AND (k.running_until IS NULL OR k.running_until > STATEMENT_TIMESTAMP())
-  AND (
-    (k.scheduled
-     AND k.scheduled_at > STATEMENT_TIMESTAMP() - make_interval(secs => %(grace)s::float8)
-     AND (k.running_until IS NULL OR %(overlap)s))
-    OR (k.running_until IS NOT NULL AND NOT %(overlap)s
-        AND k.watchdog_at > STATEMENT_TIMESTAMP())
-  )
-RETURNING k.flight_id, k.pending, k.due_at
-"""
+_MERGE_SQL = (
+    "UPDATE {table} SET pending = pending + 1, triggers = triggers + 1,"
+    " last_trigger_at = STATEMENT_TIMESTAMP(), payload = %s::jsonb,"
+    " due_at = LEAST(STATEMENT_TIMESTAMP() + %s * INTERVAL '1 second',"
+    " first_trigger_at + %s * INTERVAL '1 second')"
+    " WHERE key_hash = %s AND merge_until > STATEMENT_TIMESTAMP()"
+    " RETURNING flight_id, pending, due_at"
+)
+
+
+def _merge_until(row: DebounceKey) -> datetime | None:
+    """Until when a trigger of this key only merges (same rule as ``merge_until`` in the Redis
+    store's Lua): a flight is open with its dispatch message outstanding and not overdue, or a
+    live run (no overlap) will schedule it and its lease watchdog is parked."""
+    if row.pending == 0:
+        return None
+    grace = timedelta(seconds=_grace())
+    if row.running_until is None:
+        return row.scheduled_at + grace if row.scheduled and row.scheduled_at else None
+    if row.overlap:
+        if row.scheduled and row.scheduled_at:
+            return min(row.scheduled_at + grace, row.running_until)
+        return None
+    return min(row.running_until, row.watchdog_at) if row.watchdog_at else None
 
 
 def _us(value: datetime) -> int:

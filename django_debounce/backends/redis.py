@@ -121,6 +121,7 @@ class RedisBackend(BaseBackend):
             "p", "f", "ft", "lt", "d", "q", "sc", "sa", "r", "ru", "rt", "rf", "T", "R", "M", "C", "lr")}
         fields = {
             "store": "redis",
+            "merge_until": None,  # the database store's hot path must not touch this row
             "state": (DebounceKey.State.RUNNING if num["ru"] else
                       DebounceKey.State.PENDING if num["p"] else DebounceKey.State.IDLE),
             "pending": num["p"], "flight_id": num["f"],
