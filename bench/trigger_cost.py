@@ -86,7 +86,9 @@ def main() -> int:
     with override_settings(DEBOUNCE_BACKEND="database"):
         reindex.trigger(2)
     row = DebounceKey.objects.get(key_hash=key_hash(reindex.name, reindex.resolve((2,), {})[0]))
-    floor_pk = DebounceKey.objects.create(key="floor", key_hash="f" * 64, task_name="bench.floor").pk
+    floor_pk = DebounceKey.objects.create(
+        key="floor", key_hash="f" * 64, task_name="bench.floor"
+    ).pk
     table = DebounceKey._meta.db_table
 
     def redis_trigger():
@@ -109,8 +111,9 @@ def main() -> int:
         cursor.execute(f"UPDATE {table} SET triggers = triggers + 1 WHERE id = %s", [floor_pk])
 
     variants = {"redis_incr": redis_incr, "pg_update": pg_update, "handwritten": handwritten}
-    samples: dict[str, list[float]] = {name: [] for name in
-                                       ("redis_trigger", "db_trigger", *variants)}
+    samples: dict[str, list[float]] = {
+        name: [] for name in ("redis_trigger", "db_trigger", *variants)
+    }
     with override_settings(DEBOUNCE_BACKEND="redis"):
         per_op(redis_trigger, 200)
     with override_settings(DEBOUNCE_BACKEND="database"):
@@ -126,22 +129,32 @@ def main() -> int:
             samples[name].append(per_op(fn, N if name != "handwritten" else N // 3))
 
     row.refresh_from_db()
-    redis_pending = int(redis.hget(f"debounce:{{{key_hash(reindex.name, reindex.resolve((1,), {})[0])}}}", "p"))
+    redis_pending = int(
+        redis.hget(f"debounce:{{{key_hash(reindex.name, reindex.resolve((1,), {})[0])}}}", "p")
+    )
     expected = 1 + 200 + ROUNDS * N
-    checks = {"redis pending == triggers made": redis_pending == expected,
-              "database pending == triggers made": row.pending == expected}
+    checks = {
+        "redis pending == triggers made": redis_pending == expected,
+        "database pending == triggers made": row.pending == expected,
+    }
 
     def ratio(a: str, b: str) -> float:
-        return statistics.median(x / y for x, y in zip(samples[a], samples[b]))
+        return statistics.median(x / y for x, y in zip(samples[a], samples[b], strict=True))
 
     ratios = {name: ratio(*name.split(" / ")) for name in TARGETS}
-    met = {name: (value <= TARGETS[name][1] if TARGETS[name][0] == "<=" else value >= TARGETS[name][1])
-           for name, value in ratios.items()}
+    met = {
+        name: (value <= TARGETS[name][1] if TARGETS[name][0] == "<=" else value >= TARGETS[name][1])
+        for name, value in ratios.items()
+    }
     result = {
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
-                    "platform": platform.platform()},
-        "rounds": ROUNDS, "n": N,
+        "machine": {
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+        },
+        "rounds": ROUNDS,
+        "n": N,
         "median_us": {k: round(statistics.median(v) * 1e6, 1) for k, v in samples.items()},
         "ratios": {k: round(v, 2) for k, v in ratios.items()},
         "targets": {k: f"{op} {limit}" for k, (op, limit) in TARGETS.items()},
@@ -154,10 +167,15 @@ def main() -> int:
     lines = ["| variant | median per trigger (µs) |", "|---|---|"]
     lines += [f"| {k} | {v} |" for k, v in result["median_us"].items()]
     lines += ["", "| ratio | measured | target | met |", "|---|---|---|---|"]
-    lines += [f"| {k} | {result['ratios'][k]} | {result['targets'][k]} | {'yes' if met[k] else 'NO'} |"
-              for k in TARGETS]
-    lines += ["", f"{ROUNDS} rounds of {N} triggers, {result['when']}, Python {platform.python_version()}, "
-              f"{os.cpu_count()} CPUs; command: scripts/bench"]
+    lines += [
+        f"| {k} | {result['ratios'][k]} | {result['targets'][k]} | {'yes' if met[k] else 'NO'} |"
+        for k in TARGETS
+    ]
+    lines += [
+        "",
+        f"{ROUNDS} rounds of {N} triggers, {result['when']}, Python {platform.python_version()}, "
+        f"{os.cpu_count()} CPUs; command: scripts/bench",
+    ]
     (out / "trigger_cost.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     for name, ok in checks.items():

@@ -30,8 +30,16 @@ class DebounceRunInline(admin.TabularInline):
     model = DebounceRun
     extra = 0
     can_delete = False
-    fields = ("run_id", "flight_id", "triggers", "started_at", "delay", "finished_at", "outcome",
-              "error")
+    fields = (
+        "run_id",
+        "flight_id",
+        "triggers",
+        "started_at",
+        "delay",
+        "finished_at",
+        "outcome",
+        "error",
+    )
     readonly_fields = fields
     ordering = ("-run_id",)
     max_num = 0
@@ -59,8 +67,17 @@ class LivePendingChangeList(ChangeList):
 
 class DebounceKeyAdmin(ReadOnlyAdmin):
     list_display = (
-        "key", "task_name", "state", "live_pending", "flight_id", "triggers", "runs", "merged",
-        "due_at", "last_run_at", "last_outcome",
+        "key",
+        "task_name",
+        "state",
+        "live_pending",
+        "flight_id",
+        "triggers",
+        "runs",
+        "merged",
+        "due_at",
+        "last_run_at",
+        "last_outcome",
     )
     list_filter = ("state", "task_name", "store")
     search_fields = ("key", "task_name")
@@ -83,8 +100,15 @@ class DebounceKeyAdmin(ReadOnlyAdmin):
 
 class DebounceRunAdmin(ReadOnlyAdmin):
     list_display = (
-        "task_name", "debounce_key", "run_id", "flight_id", "triggers", "started_at", "delay",
-        "finished_at", "outcome",
+        "task_name",
+        "debounce_key",
+        "run_id",
+        "flight_id",
+        "triggers",
+        "started_at",
+        "delay",
+        "finished_at",
+        "outcome",
     )
     list_filter = ("outcome", "task_name")
     list_select_related = ("debounce_key",)

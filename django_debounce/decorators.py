@@ -102,9 +102,17 @@ def debounced_task(
     options not available in this release (``leading``, ``collect``).
     """
     options = _options(
-        wait=wait, max_wait=max_wait, key=key, leading=leading, trailing=trailing,
-        overlap=overlap, collect=collect, collect_limit=collect_limit, lease=lease,
-        on_commit=on_commit, backend=backend,
+        wait=wait,
+        max_wait=max_wait,
+        key=key,
+        leading=leading,
+        trailing=trailing,
+        overlap=overlap,
+        collect=collect,
+        collect_limit=collect_limit,
+        lease=lease,
+        on_commit=on_commit,
+        backend=backend,
     )
 
     def decorate(fn: F) -> Any:
@@ -153,7 +161,7 @@ def _pk(value: Any) -> Any:
 
 def _label(obj: Any) -> str | None:
     if isinstance(obj, type) and issubclass(obj, models.Model):
-        return obj._meta.label_lower
+        return str(obj._meta.label_lower)  # type: ignore[attr-defined]
     return None
 
 
@@ -168,11 +176,21 @@ class DebouncedReceiverTask(DebouncedTask):
         """``trigger(instance)`` or ``trigger(Model, pk)``: key ``app_label.model:pk``."""
         if len(args) == 1 and not kwargs and isinstance(args[0], models.Model):
             instance = args[0]
-            payload = {"model": instance._meta.label_lower, "pk": _pk(instance.pk),
-                       "sender": None, "signal": None, "kwargs": {}}
+            payload = {
+                "model": instance._meta.label_lower,
+                "pk": _pk(instance.pk),
+                "sender": None,
+                "signal": None,
+                "kwargs": {},
+            }
         elif len(args) == 2 and not kwargs and _label(args[0]):
-            payload = {"model": _label(args[0]), "pk": _pk(args[1]),
-                       "sender": None, "signal": None, "kwargs": {}}
+            payload = {
+                "model": _label(args[0]),
+                "pk": _pk(args[1]),
+                "sender": None,
+                "signal": None,
+                "kwargs": {},
+            }
         else:
             raise TypeError(
                 f"{self.name}.trigger() takes a model instance, or a model class and a primary "
@@ -211,8 +229,15 @@ class DebouncedReceiverTask(DebouncedTask):
 def _receiver_body(
     task_name_holder: list[Any],
 ) -> Callable[..., Any]:
-    def body(model: str | None, pk: Any, sender: str | None, signal: int | None,
-             kwargs: dict[str, Any], *, debounce: RunInfo) -> Any:
+    def body(
+        model: str | None,
+        pk: Any,
+        sender: str | None,
+        signal: int | None,
+        kwargs: dict[str, Any],
+        *,
+        debounce: RunInfo,
+    ) -> Any:
         task = task_name_holder[0]
         handler = task.debounce_handler
         sig = task.debounce_signals[signal] if signal is not None else None
@@ -225,8 +250,9 @@ def _receiver_body(
             if instance is None and sig is not post_delete and not task.debounce_call_missing:
                 return None
         sender_cls = apps.get_model(sender) if sender else model_cls
-        return handler(sender=sender_cls, pk=pk, instance=instance, signal=sig,
-                       debounce=debounce, **kwargs)
+        return handler(
+            sender=sender_cls, pk=pk, instance=instance, signal=sig, debounce=debounce, **kwargs
+        )
 
     return body
 
@@ -267,9 +293,17 @@ def debounced_receiver(
         if not isinstance(sig, Signal):
             raise TypeError(f"debounced_receiver expects a django.dispatch.Signal, got {sig!r}.")
     options = _options(
-        wait=wait, max_wait=max_wait, key=key, leading=leading, trailing=trailing,
-        overlap=overlap, collect=collect, collect_limit=collect_limit, lease=lease,
-        on_commit=on_commit, backend=backend,
+        wait=wait,
+        max_wait=max_wait,
+        key=key,
+        leading=leading,
+        trailing=trailing,
+        overlap=overlap,
+        collect=collect,
+        collect_limit=collect_limit,
+        lease=lease,
+        on_commit=on_commit,
+        backend=backend,
     )
 
     def decorate(handler: F) -> Any:
@@ -281,9 +315,13 @@ def debounced_receiver(
         body.__module__ = handler.__module__
         body.__doc__ = handler.__doc__
         task = shared_task(
-            base=DebouncedReceiverTask, name=name, **options,
-            debounce_signals=signals, debounce_call_missing=call_missing,
-            debounce_handler=staticmethod(handler), **celery_options,
+            base=DebouncedReceiverTask,
+            name=name,
+            **options,
+            debounce_signals=signals,
+            debounce_call_missing=call_missing,
+            debounce_handler=staticmethod(handler),
+            **celery_options,
         )(body)
         holder.append(task)
 
@@ -291,7 +329,9 @@ def debounced_receiver(
             task.on_signal(signal, sender, **kwargs)
 
         for sig in signals:
-            sig.connect(on_signal, sender=sender, weak=False, dispatch_uid=f"django_debounce:{name}")
+            sig.connect(
+                on_signal, sender=sender, weak=False, dispatch_uid=f"django_debounce:{name}"
+            )
         return task
 
     return decorate

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+
 from celery import Task
 
 from django_debounce.exceptions import PublishError
@@ -54,6 +55,8 @@ def publish_quietly(task: Task, dispatch: Dispatch) -> bool:
     try:
         publish(task, dispatch)
     except PublishError:
-        logger.exception("django_debounce: publish failed for %s; recovery will re-dispatch", task.name)
+        logger.exception(
+            "django_debounce: publish failed for %s; recovery will re-dispatch", task.name
+        )
         return False
     return True

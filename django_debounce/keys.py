@@ -83,7 +83,7 @@ class PayloadBinder:
         self.size = len(params)
         self.defaults = [p.default for p in params]
         self.required = sum(1 for p in params if p.default is p.empty)
-        if self.simple and any(p.default is p.empty for p in params[self.required:]):
+        if self.simple and any(p.default is p.empty for p in params[self.required :]):
             self.simple = False  # a required parameter after a defaulted one: let inspect say
 
     def __call__(self, args: tuple, kwargs: dict) -> dict[str, Any]:

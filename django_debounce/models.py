@@ -1,4 +1,4 @@
-"""Tables of django-debounce: the per-key state (``DebounceKey``) and run history (``DebounceRun``)."""
+"""Tables of django-debounce: per-key state (``DebounceKey``) and run history (``DebounceRun``)."""
 
 from __future__ import annotations
 
@@ -24,18 +24,27 @@ class DebounceKey(models.Model):
 
     key = models.TextField(_("key"), help_text=_("Readable key the triggers were grouped by."))
     key_hash = models.CharField(
-        _("key hash"), max_length=64, unique=True,
+        _("key hash"),
+        max_length=64,
+        unique=True,
         help_text=_("SHA-256 of task name and key; the identity used by the stores."),
     )
     task_name = models.CharField(
         _("task"), max_length=255, db_index=True, help_text=_("Celery name of the debounced task.")
     )
     state = models.CharField(
-        _("state"), max_length=16, choices=State.choices, default=State.IDLE,
-        help_text=_("idle: nothing to do; pending: triggers wait for a run; running: a run is live."),
+        _("state"),
+        max_length=16,
+        choices=State.choices,
+        default=State.IDLE,
+        help_text=_(
+            "idle: nothing to do; pending: triggers wait for a run; running: a run is live."
+        ),
     )
     pending = models.PositiveIntegerField(
-        _("pending"), default=0, help_text=_("Triggers in the open flight, not yet claimed by a run.")
+        _("pending"),
+        default=0,
+        help_text=_("Triggers in the open flight, not yet claimed by a run."),
     )
     flight_id = models.PositiveBigIntegerField(
         _("flight id"), default=0, help_text=_("+1 each time a flight opens; a fencing token.")
@@ -47,60 +56,84 @@ class DebounceKey(models.Model):
         _("last trigger"), null=True, blank=True, help_text=_("Last trigger of the open flight.")
     )
     due_at = models.DateTimeField(
-        _("due at"), null=True, blank=True,
-        help_text=_("When the open flight may run: min(last trigger + wait, first trigger + max_wait)."),
+        _("due at"),
+        null=True,
+        blank=True,
+        help_text=_(
+            "When the open flight may run: min(last trigger + wait, first trigger + max_wait)."
+        ),
     )
     payload = models.JSONField(
         _("payload"), null=True, blank=True, help_text=_("Payload of the last trigger (JSON).")
     )
     scheduled_seq = models.PositiveBigIntegerField(
-        _("dispatch sequence"), default=0,
+        _("dispatch sequence"),
+        default=0,
         help_text=_("Sequence number of the only dispatch message that may act."),
     )
     scheduled = models.BooleanField(
-        _("dispatch outstanding"), default=False,
+        _("dispatch outstanding"),
+        default=False,
         help_text=_("A dispatch message for the open flight has been published."),
     )
     scheduled_at = models.DateTimeField(
-        _("dispatch due"), null=True, blank=True,
+        _("dispatch due"),
+        null=True,
+        blank=True,
         help_text=_("When the outstanding dispatch message should arrive."),
     )
     watchdog_at = models.DateTimeField(
-        _("watchdog due"), null=True, blank=True,
+        _("watchdog due"),
+        null=True,
+        blank=True,
         help_text=_("Lease end watched by the parked watchdog message, if any."),
     )
     overlap = models.BooleanField(
         _("overlap"), default=False, help_text=_("The task allows overlapping runs of this key.")
     )
     merge_until = models.DateTimeField(
-        _("merge until"), null=True, blank=True,
-        help_text=_("Until when a trigger only merges into the open flight (the one-statement "
-                    "hot path); empty when the full state machine must decide."),
+        _("merge until"),
+        null=True,
+        blank=True,
+        help_text=_(
+            "Until when a trigger only merges into the open flight (the one-statement "
+            "hot path); empty when the full state machine must decide."
+        ),
     )
     run_id = models.PositiveBigIntegerField(
         _("run id"), default=0, help_text=_("+1 at every claim; only the current run may finish.")
     )
     running_until = models.DateTimeField(
-        _("lease until"), null=True, blank=True,
+        _("lease until"),
+        null=True,
+        blank=True,
         help_text=_("Lease of the live run; past it the run counts as lost."),
     )
     run_triggers = models.PositiveIntegerField(
         _("triggers in live run"), default=0, help_text=_("Triggers claimed by the live run.")
     )
     run_payload = models.JSONField(
-        _("payload of live run"), null=True, blank=True,
+        _("payload of live run"),
+        null=True,
+        blank=True,
         help_text=_("Payload claimed by the live run, kept to redo it if it is lost."),
     )
     run_first_trigger_at = models.DateTimeField(
-        _("first trigger of live run"), null=True, blank=True,
+        _("first trigger of live run"),
+        null=True,
+        blank=True,
         help_text=_("First trigger claimed by the live run."),
     )
     triggers = models.PositiveBigIntegerField(
         _("triggers"), default=0, help_text=_("Triggers counted, in total.")
     )
-    runs = models.PositiveBigIntegerField(_("runs"), default=0, help_text=_("Runs claimed, in total."))
+    runs = models.PositiveBigIntegerField(
+        _("runs"), default=0, help_text=_("Runs claimed, in total.")
+    )
     merged = models.PositiveBigIntegerField(
-        _("merged"), default=0, help_text=_("Triggers absorbed without a run of their own, in total.")
+        _("merged"),
+        default=0,
+        help_text=_("Triggers absorbed without a run of their own, in total."),
     )
     cancelled = models.PositiveBigIntegerField(
         _("cancelled"), default=0, help_text=_("Pending triggers dropped by cancel, in total.")
@@ -109,15 +142,24 @@ class DebounceKey(models.Model):
         _("last run"), null=True, blank=True, help_text=_("When the last run started.")
     )
     last_outcome = models.CharField(
-        _("last outcome"), max_length=16, blank=True, default="",
+        _("last outcome"),
+        max_length=16,
+        blank=True,
+        default="",
         help_text=_("Outcome of the last finished run."),
     )
     store = models.CharField(
-        _("store"), max_length=16, default="database",
+        _("store"),
+        max_length=16,
+        default="database",
         help_text=_("Which store holds the live state: database, or redis (this row mirrors it)."),
     )
-    created_at = models.DateTimeField(_("created"), auto_now_add=True, help_text=_("First trigger ever."))
-    updated_at = models.DateTimeField(_("updated"), auto_now=True, help_text=_("Last state change."))
+    created_at = models.DateTimeField(
+        _("created"), auto_now_add=True, help_text=_("First trigger ever.")
+    )
+    updated_at = models.DateTimeField(
+        _("updated"), auto_now=True, help_text=_("Last state change.")
+    )
 
     objects = DebounceKeyQuerySet.as_manager()
 
@@ -145,44 +187,60 @@ class DebounceRun(models.Model):
         LOST = "lost", _("lost")
 
     debounce_key = models.ForeignKey(
-        DebounceKey, on_delete=models.CASCADE, related_name="run_history",
-        verbose_name=_("key"), help_text=_("The key this run belongs to."),
+        DebounceKey,
+        on_delete=models.CASCADE,
+        related_name="run_history",
+        verbose_name=_("key"),
+        help_text=_("The key this run belongs to."),
     )
     task_name = models.CharField(_("task"), max_length=255, help_text=_("Celery name of the task."))
-    flight_id = models.PositiveBigIntegerField(_("flight id"), help_text=_("Flight this run absorbed."))
+    flight_id = models.PositiveBigIntegerField(
+        _("flight id"), help_text=_("Flight this run absorbed.")
+    )
     run_id = models.PositiveBigIntegerField(_("run id"), help_text=_("Per-key run counter."))
     triggers = models.PositiveIntegerField(
         _("triggers"), help_text=_("Triggers claimed by this run (merged = triggers - 1).")
     )
-    first_trigger_at = models.DateTimeField(_("first trigger"), help_text=_("First claimed trigger."))
+    first_trigger_at = models.DateTimeField(
+        _("first trigger"), help_text=_("First claimed trigger.")
+    )
     last_trigger_at = models.DateTimeField(_("last trigger"), help_text=_("Last claimed trigger."))
     due_at = models.DateTimeField(_("due at"), help_text=_("When the flight became due."))
     started_at = models.DateTimeField(_("started"), help_text=_("When the run was claimed."))
     delay = models.FloatField(
         _("delay"), help_text=_("Seconds from the last claimed trigger to the start of the run.")
     )
-    finished_at = models.DateTimeField(_("finished"), null=True, blank=True, help_text=_("When it ended."))
+    finished_at = models.DateTimeField(
+        _("finished"), null=True, blank=True, help_text=_("When it ended.")
+    )
     outcome = models.CharField(
-        _("outcome"), max_length=16, choices=Outcome.choices, default=Outcome.RUNNING,
+        _("outcome"),
+        max_length=16,
+        choices=Outcome.choices,
+        default=Outcome.RUNNING,
         help_text=_("running, success, failure, or lost (lease ran out)."),
     )
-    error = models.TextField(_("error"), blank=True, default="", help_text=_("Error text of a failure."))
+    error = models.TextField(
+        _("error"), blank=True, default="", help_text=_("Error text of a failure.")
+    )
 
     class Meta:
         verbose_name = _("debounce run")
         verbose_name_plural = _("debounce runs")
         constraints = [
-            models.UniqueConstraint(fields=["debounce_key", "run_id"], name="debounce_run_key_run_uniq"),
+            models.UniqueConstraint(
+                fields=["debounce_key", "run_id"], name="debounce_run_key_run_uniq"
+            ),
         ]
         indexes = [
             models.Index(fields=["task_name", "started_at"], name="debounce_run_task_started"),
             models.Index(fields=["started_at"], name="debounce_run_started"),
         ]
 
+    def __str__(self) -> str:
+        return f"{self.task_name} run {self.run_id} ({self.outcome})"
+
     @property
     def merged(self) -> int:
         """Triggers this run absorbed beyond its own: ``triggers - 1``."""
         return max(self.triggers - 1, 0)
-
-    def __str__(self) -> str:
-        return f"{self.task_name} run {self.run_id} ({self.outcome})"

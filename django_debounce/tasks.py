@@ -9,8 +9,9 @@ from __future__ import annotations
 import inspect
 import logging
 import traceback
+from collections.abc import Callable
 from functools import partial
-from typing import Any, Callable
+from typing import Any
 
 from celery import Task
 from django.db import DEFAULT_DB_ALIAS, InterfaceError, OperationalError, connections, transaction
@@ -102,7 +103,7 @@ class DebouncedTask(Task):
         key, payload, _encoded = self._resolve(args, kwargs)
         return key, payload
 
-    def _resolve(self, args: tuple, kwargs: dict) -> tuple[str, Any, str]:
+    def _resolve(self, args: tuple, kwargs: dict) -> tuple[str, Any, str | None]:
         """``resolve`` plus the payload's canonical JSON, encoded once per trigger."""
         payload = self._binder(args, kwargs)
         encoded = dumps(payload)
@@ -157,11 +158,18 @@ class DebouncedTask(Task):
             return TriggerResult(key, None, None, None, scheduled=False, deferred=True)
         return self._trigger_now(key, payload, payload_json)
 
-    def _trigger_now(self, key: str, payload: Any, payload_json: str | None = None) -> TriggerResult:
+    def _trigger_now(
+        self, key: str, payload: Any, payload_json: str | None = None
+    ) -> TriggerResult:
         backend = self.get_backend()
         result, dispatch, undo = backend.trigger(
-            task_name=self.name, key=key, key_hash=key_hash(self.name, key), payload=payload,
-            wait=self.wait, max_wait=self.debounce_max_wait, overlap=self.debounce_overlap,
+            task_name=self.name,
+            key=key,
+            key_hash=key_hash(self.name, key),
+            payload=payload,
+            wait=self.wait,
+            max_wait=self.debounce_max_wait,
+            overlap=self.debounce_overlap,
             payload_json=payload_json,
         )
         if dispatch is not None:
@@ -225,15 +233,26 @@ class DebouncedTask(Task):
         Redis outage delays flights instead of losing them."""
         attempt = int(message.get("n", 0)) + 1
         if attempt > STORE_RETRIES:
-            logger.error("django_debounce: store unreachable for %s, giving up on a dispatch "
-                         "message after %d attempts (%s); recovery will re-dispatch",
-                         self.name, attempt - 1, exc)
+            logger.error(
+                "django_debounce: store unreachable for %s, giving up on a dispatch "
+                "message after %d attempts (%s); recovery will re-dispatch",
+                self.name,
+                attempt - 1,
+                exc,
+            )
             return None
-        logger.warning("django_debounce: store unreachable for %s (%s); retrying in %ss",
-                       self.name, exc, STORE_RETRY_DELAY)
+        logger.warning(
+            "django_debounce: store unreachable for %s (%s); retrying in %ss",
+            self.name,
+            exc,
+            STORE_RETRY_DELAY,
+        )
         try:
-            self.apply_async(kwargs={DISPATCH_KWARG: {**message, "n": attempt}},
-                             countdown=STORE_RETRY_DELAY, serializer="json")
+            self.apply_async(
+                kwargs={DISPATCH_KWARG: {**message, "n": attempt}},
+                countdown=STORE_RETRY_DELAY,
+                serializer="json",
+            )
         except Exception:
             logger.exception("django_debounce: could not re-publish a dispatch message")
         return None
@@ -262,8 +281,11 @@ class DebouncedTask(Task):
         """Execute the body for a claimed flight, then record the finish and schedule what
         arrived meanwhile."""
         info = RunInfo(
-            key=claim.key, flight_id=claim.flight_id, run_id=claim.run_id,
-            triggers=claim.triggers, first_trigger_at=claim.first_trigger_at,
+            key=claim.key,
+            flight_id=claim.flight_id,
+            run_id=claim.run_id,
+            triggers=claim.triggers,
+            first_trigger_at=claim.first_trigger_at,
             last_trigger_at=claim.last_trigger_at,
             _heartbeat=partial(
                 backend.heartbeat, claim.key_hash, claim.run_id, self.lease, store=claim.store
@@ -289,8 +311,9 @@ class DebouncedTask(Task):
         except STORE_ERRORS:
             # The run is done but its store is unreachable: its lease runs out and the
             # flight is redone (at least once, I7) rather than lost.
-            logger.exception("django_debounce: could not record the finish of %s run %s",
-                             self.name, claim.run_id)
+            logger.exception(
+                "django_debounce: could not record the finish of %s run %s", self.name, claim.run_id
+            )
             return
         if follow is not None:
             publish_quietly(self, follow)

@@ -115,7 +115,8 @@ def sqlite_database(path: Path) -> dict:
 
 DATABASE_URL = os.environ.get("DATABASE_URL", "")
 DATABASES = {
-    "default": database_from_url(DATABASE_URL) if DATABASE_URL
+    "default": database_from_url(DATABASE_URL)
+    if DATABASE_URL
     else sqlite_database(VAR_DIR / "db.sqlite3")
 }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"

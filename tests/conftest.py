@@ -25,8 +25,13 @@ import tests.celery_app  # noqa: F401  (the app every task of the suite publishe
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def wait_for(predicate: Callable[[], Any], *, timeout: float = 20.0, interval: float = 0.05,
-             message: str = "condition") -> Any:
+def wait_for(
+    predicate: Callable[[], Any],
+    *,
+    timeout: float = 20.0,
+    interval: float = 0.05,
+    message: str = "condition",
+) -> Any:
     """Poll ``predicate`` until it returns a truthy value or ``timeout`` seconds pass."""
     deadline = time.monotonic() + timeout
     while True:
@@ -64,27 +69,55 @@ def broker() -> redis.Redis:
 class Worker:
     """A real ``celery worker`` (prefork) subprocess running the test app's tasks."""
 
-    def __init__(self, concurrency: int = 4, queue: str = "debounce-tests",
-                 env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, concurrency: int = 4, queue: str = "debounce-tests", env: dict[str, str] | None = None
+    ) -> None:
         self.concurrency = concurrency
         self.queue = queue
         self.env = env or {}
         self.proc: subprocess.Popen[bytes] | None = None
-        self.log = (Path(os.environ.get("TMPDIR", "/tmp"))
-                    / f"debounce-worker-{queue}-{os.getpid()}.log")
+        self.log = (
+            Path(os.environ.get("TMPDIR", "/tmp")) / f"debounce-worker-{queue}-{os.getpid()}.log"
+        )
 
     def start(self) -> None:
         # The worker runs the auto store, which routes every message to the store that
         # issued it, so one worker serves tests of every store.
-        env = dict(os.environ, DEBOUNCE_TEST_WORKER="1", DJANGO_SETTINGS_MODULE="tests.settings",
-                   PYTHONPATH=str(ROOT), DEBOUNCE_TEST_BACKEND="auto", **self.env)
+        env = dict(
+            os.environ,
+            DEBOUNCE_TEST_WORKER="1",
+            DJANGO_SETTINGS_MODULE="tests.settings",
+            PYTHONPATH=str(ROOT),
+            DEBOUNCE_TEST_BACKEND="auto",
+            **self.env,
+        )
         self._out = open(self.log, "ab")  # noqa: SIM115
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "tests.celery_app", "worker",
-             "--pool", "prefork", "--concurrency", str(self.concurrency), "--loglevel", "INFO",
-             "--without-gossip", "--without-mingle", "--without-heartbeat",
-             "-Q", self.queue, "--hostname", f"{self.queue}-{os.getpid()}@localhost"],
-            cwd=ROOT, env=env, stdout=self._out, stderr=subprocess.STDOUT,
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "tests.celery_app",
+                "worker",
+                "--pool",
+                "prefork",
+                "--concurrency",
+                str(self.concurrency),
+                "--loglevel",
+                "INFO",
+                "--without-gossip",
+                "--without-mingle",
+                "--without-heartbeat",
+                "-Q",
+                self.queue,
+                "--hostname",
+                f"{self.queue}-{os.getpid()}@localhost",
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=self._out,
+            stderr=subprocess.STDOUT,
             start_new_session=True,
         )
         wait_for(self._ready, timeout=60, interval=0.2, message="the Celery worker to be ready")
@@ -92,8 +125,10 @@ class Worker:
     def _ready(self) -> bool:
         assert self.proc is not None
         if self.proc.poll() is not None:
-            raise RuntimeError(f"Celery worker exited with {self.proc.returncode}; see {self.log}:\n"
-                               + self.log.read_text()[-3000:])
+            raise RuntimeError(
+                f"Celery worker exited with {self.proc.returncode}; see {self.log}:\n"
+                + self.log.read_text()[-3000:]
+            )
         return b"ready." in self.log.read_bytes()
 
     def kill(self) -> None:
@@ -144,8 +179,11 @@ def worker(celery_worker_session: Worker, store: str, transactional_db: Any) -> 
     # Let runs started by this test end before the tables are flushed.
     from django_debounce.models import DebounceKey
 
-    wait_for(lambda: not DebounceKey.objects.filter(state="running").exists(), timeout=30,
-             message="runs of this test to finish")
+    wait_for(
+        lambda: not DebounceKey.objects.filter(state="running").exists(),
+        timeout=30,
+        message="runs of this test to finish",
+    )
 
 
 @pytest.fixture

@@ -9,8 +9,9 @@ import time
 from typing import Any
 
 
-def _child(task_name: str, calls: list[list[Any]], pause: float, barrier: Any, out: Any,
-           backend: str) -> None:
+def _child(
+    task_name: str, calls: list[list[Any]], pause: float, barrier: Any, out: Any, backend: str
+) -> None:
     os.environ["DEBOUNCE_TEST_WORKER"] = "1"  # use the test database, like the worker does
     os.environ["DEBOUNCE_TEST_BACKEND"] = backend
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
@@ -33,8 +34,9 @@ def _child(task_name: str, calls: list[list[Any]], pause: float, barrier: Any, o
     out.put((os.getpid(), errors))
 
 
-def trigger_from_processes(task_name: str, per_process: list[list[list[Any]]], *,
-                           pause: float = 0.0, timeout: float = 120) -> list[str]:
+def trigger_from_processes(
+    task_name: str, per_process: list[list[list[Any]]], *, pause: float = 0.0, timeout: float = 120
+) -> list[str]:
     """Run ``task.trigger(*args)`` for each ``args`` of ``per_process[i]`` in process ``i``,
     all processes starting together. Returns every error raised in any process."""
     from django.conf import settings
@@ -42,9 +44,12 @@ def trigger_from_processes(task_name: str, per_process: list[list[list[Any]]], *
     ctx = multiprocessing.get_context("spawn")
     barrier = ctx.Barrier(len(per_process))
     out = ctx.Queue()
-    procs = [ctx.Process(target=_child, args=(task_name, calls, pause, barrier, out,
-                                                     settings.DEBOUNCE_BACKEND))
-             for calls in per_process]
+    procs = [
+        ctx.Process(
+            target=_child, args=(task_name, calls, pause, barrier, out, settings.DEBOUNCE_BACKEND)
+        )
+        for calls in per_process
+    ]
     for p in procs:
         p.start()
     errors: list[str] = []

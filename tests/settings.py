@@ -94,7 +94,9 @@ elif DB_VENDOR == "sqlite":
         }
     }
 else:
-    raise ImproperlyConfigured(f"DEBOUNCE_TEST_DB must be 'postgresql' or 'sqlite', not {DB_VENDOR!r}")
+    raise ImproperlyConfigured(
+        f"DEBOUNCE_TEST_DB must be 'postgresql' or 'sqlite', not {DB_VENDOR!r}"
+    )
 
 CACHES = {
     "default": {

@@ -121,8 +121,12 @@ def test_lost_lease_is_redone_and_late_finish_changes_nothing(store):
 
     backend = get_backend()
     _result, _dispatch, _undo = backend.trigger(
-        task_name="testapp.record", key="k", key_hash="h" * 64, payload={"args": ["x"], "kwargs": {}},
-        wait=0, max_wait=None,
+        task_name="testapp.record",
+        key="k",
+        key_hash="h" * 64,
+        payload={"args": ["x"], "kwargs": {}},
+        wait=0,
+        max_wait=None,
     )
     first = backend.fire("h" * 64, None, overlap=False, lease=0.1)
     assert first.claim is not None and first.claim.triggers == 1

@@ -49,7 +49,8 @@ def test_i1_i3_i5_i6_many_processes_many_keys(worker, unique_tag):
         total += row.triggers
     assert total == 120
     assert RunLog.objects.filter(task="testapp.record").count() == sum(
-        DebounceKey.objects.filter(task_name="testapp.record").values_list("runs", flat=True))
+        DebounceKey.objects.filter(task_name="testapp.record").values_list("runs", flat=True)
+    )
 
 
 def test_i2_no_overlap_under_processes(worker, unique_tag):
@@ -60,7 +61,7 @@ def test_i2_no_overlap_under_processes(worker, unique_tag):
     logs = list(RunLog.objects.filter(task="testapp.coalesce").order_by("started"))
     assert len(logs) >= 2
     assert all(log.finished is not None for log in logs)
-    for a, b in zip(logs, logs[1:]):
+    for a, b in zip(logs, logs[1:], strict=False):
         assert b.started >= a.finished, "two runs of one key overlapped"
     assert sum(log.triggers for log in logs) == 100
     # the worker really ran them in more than one OS process, so the store kept them apart
@@ -79,5 +80,5 @@ def test_i4_bounded_wait_under_a_continuous_stream(worker, unique_tag):
     assert len(during) >= 2
     first_gap = during[0].started - started
     assert first_gap <= 1.0 + 0.5
-    for a, b in zip(logs, logs[1:]):
+    for a, b in zip(logs, logs[1:], strict=False):
         assert b.started - a.started <= 1.0 + 0.5, "a continuous stream waited past max_wait"

@@ -14,8 +14,9 @@ from tests.testapp.tasks import crashy
 pytestmark = pytest.mark.worker
 
 
-def test_run_killed_mid_body_is_redone_after_its_lease(celery_worker_session, store,
-                                                        transactional_db, unique_tag):
+def test_run_killed_mid_body_is_redone_after_its_lease(
+    celery_worker_session, store, transactional_db, unique_tag
+):
     worker = Worker(concurrency=1, queue="debounce-crash")
     worker.start()
     try:
@@ -31,7 +32,8 @@ def test_run_killed_mid_body_is_redone_after_its_lease(celery_worker_session, st
         # lease 3 s from the first run's start, plus dispatch latency
         redo = wait_for(
             lambda: RunLog.objects.filter(tag=unique_tag, finished__isnull=False).first(),
-            timeout=3 + 10, message="the redo",
+            timeout=3 + 10,
+            message="the redo",
         )
         assert redo.pk != first.pk
         assert redo.started <= first.started + 3 + 6

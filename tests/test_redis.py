@@ -44,8 +44,10 @@ def test_short_ttl_counter_always_carries_a_ttl_and_covers_the_last_trigger(
             assert 0 < ttl <= 2000, f"TTL after a trigger at {at}s is {ttl} ms"
             live = get_backend().live_state(hashed(record, unique_tag))
             assert live["pending"] >= 1
-    runs = wait_for(lambda: (r := list(RunLog.objects.filter(tag=unique_tag, started__gte=last)))
-                    and r, timeout=20)
+    runs = wait_for(
+        lambda: (r := list(RunLog.objects.filter(tag=unique_tag, started__gte=last))) and r,
+        timeout=20,
+    )
     assert stays(lambda: client.pttl(rkey) > 0, duration=1.0)
     assert len(runs) == 1
     assert runs[0].started >= last + 0.3
@@ -80,12 +82,14 @@ def test_long_unicode_keys_are_safe_and_do_not_collide(worker):
 
 
 @pytest.mark.worker
-def test_redis_outage_mid_burst_loses_nothing(celery_worker_session, transactional_db, tmp_path,
-                                              unique_tag):
+def test_redis_outage_mid_burst_loses_nothing(
+    celery_worker_session, transactional_db, tmp_path, unique_tag
+):
     server = RedisServer(tmp_path)
     server.start()
-    own_worker = Worker(concurrency=2, queue="debounce-failover",
-                        env={"DEBOUNCE_TEST_CACHE_URL": server.url})
+    own_worker = Worker(
+        concurrency=2, queue="debounce-failover", env={"DEBOUNCE_TEST_CACHE_URL": server.url}
+    )
     own_worker.start()
     caches = copy.deepcopy(settings.CACHES)
     caches["default"]["LOCATION"] = server.url
@@ -102,9 +106,14 @@ def test_redis_outage_mid_burst_loses_nothing(celery_worker_session, transaction
                 last[tag] = time.time()
                 time.sleep(0.02)
             for tag, at in last.items():
-                wait_for(lambda tag=tag, at=at: RunLog.objects.filter(tag=tag, started__gte=at).exists(),
-                         timeout=60, message=f"a run of {tag} after its last trigger")
-        stores = set(DebounceKey.objects.filter(task_name="testapp.failover").values_list("store", flat=True))
+                wait_for(
+                    lambda tag=tag, at=at: RunLog.objects.filter(tag=tag, started__gte=at).exists(),
+                    timeout=60,
+                    message=f"a run of {tag} after its last trigger",
+                )
+        stores = set(
+            DebounceKey.objects.filter(task_name="testapp.failover").values_list("store", flat=True)
+        )
         assert stores <= {"redis", "database"}
         from django_debounce.backends.auto import stats
 

@@ -93,12 +93,21 @@ def test_same_pk_of_two_models_and_two_tasks_are_separate_keys(worker):
     OtherItem.objects.create(pk=1)
     for task in ("testapp.item_saved", "testapp.item_audit", "testapp.other_saved"):
         wait_for(lambda task=task: RunLog.objects.filter(task=task).exists(), message=task)
-    assert stays(lambda: RunLog.objects.filter(
-        task__in=["testapp.item_saved", "testapp.item_audit", "testapp.other_saved"]).count() == 3,
-        duration=1.0)
-    assert {log.key for log in RunLog.objects.filter(task="testapp.item_saved")} == {"testapp.item:1"}
+    assert stays(
+        lambda: (
+            RunLog.objects.filter(
+                task__in=["testapp.item_saved", "testapp.item_audit", "testapp.other_saved"]
+            ).count()
+            == 3
+        ),
+        duration=1.0,
+    )
+    assert {log.key for log in RunLog.objects.filter(task="testapp.item_saved")} == {
+        "testapp.item:1"
+    }
     assert {log.key for log in RunLog.objects.filter(task="testapp.other_saved")} == {
-        "testapp.otheritem:1"}
+        "testapp.otheritem:1"
+    }
 
 
 def test_ten_triggers_over_three_seconds_with_wait_five_run_once_after_quiet_period(worker):
@@ -144,8 +153,12 @@ def test_bulk_create_sends_nothing_and_trigger_many_runs_once_per_key(worker):
     assert len(results) == 10
     assert len({r.key for r in results}) == 5
     wait_for(lambda: RunLog.objects.filter(task="testapp.item_saved").count() == 5)
-    assert stays(lambda: RunLog.objects.filter(task="testapp.item_saved").count() == 5, duration=1.0)
-    assert sorted(r.value_seen for r in RunLog.objects.filter(task="testapp.item_saved")) == list(range(5))
+    assert stays(
+        lambda: RunLog.objects.filter(task="testapp.item_saved").count() == 5, duration=1.0
+    )
+    assert sorted(r.value_seen for r in RunLog.objects.filter(task="testapp.item_saved")) == list(
+        range(5)
+    )
     assert all(r.triggers == 2 for r in RunLog.objects.filter(task="testapp.item_saved"))
 
 
@@ -155,11 +168,13 @@ def test_coalesce_never_overlaps_and_covers_last_trigger(worker, unique_tag):
         coalesce.trigger(unique_tag, 0.05)
         last = time.time()
         time.sleep(0.01)
-    wait_for(lambda: DebounceKey.objects.filter(task_name="testapp.coalesce", state="idle").exists(),
-             timeout=30)
+    wait_for(
+        lambda: DebounceKey.objects.filter(task_name="testapp.coalesce", state="idle").exists(),
+        timeout=30,
+    )
     runs = finished(tag=unique_tag)
     assert 1 < len(runs) < 40
-    for a, b in zip(runs, runs[1:]):
+    for a, b in zip(runs, runs[1:], strict=False):
         assert b.started >= a.finished
     assert runs[-1].started >= last
     assert sum(r.triggers for r in runs) == 40

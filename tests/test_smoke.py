@@ -1,10 +1,6 @@
-import time
-
-from django.db import transaction
-
 from django_debounce.models import DebounceKey, DebounceRun
 from tests.conftest import wait_for
-from tests.testapp.models import Item, RunLog
+from tests.testapp.models import RunLog
 from tests.testapp.tasks import record
 
 

@@ -3,7 +3,7 @@ on Django's ``setting_changed`` so ``override_settings`` works (as django-axes d
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 
 from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
@@ -26,7 +26,7 @@ def backend_path(value: str | None = None) -> str:
     return ALIASES.get(value, value)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _load(path: str) -> BaseBackend:
     try:
         cls = import_string(path)

@@ -88,7 +88,8 @@ class AutoBackend(BaseBackend):
             self._in_outage = True
             logger.warning(
                 "django_debounce: Redis failed (%s); triggers go to the database until it "
-                "answers again", exc,
+                "answers again",
+                exc,
             )
 
     def _recovered(self) -> None:
@@ -180,8 +181,11 @@ class AutoBackend(BaseBackend):
     def _database_owns(self, key_hash: str) -> bool:
         from django_debounce.models import DebounceKey
 
-        return DebounceKey.objects.using(self.database.alias).filter(
-            key_hash=key_hash, store="database").exists()
+        return (
+            DebounceKey.objects.using(self.database.alias)
+            .filter(key_hash=key_hash, store="database")
+            .exists()
+        )
 
     def pending_counts(self, key_hashes):
         counts = self.database.pending_counts(key_hashes)
@@ -193,7 +197,10 @@ class AutoBackend(BaseBackend):
                 return counts
             from django_debounce.models import DebounceKey
 
-            in_redis = set(DebounceKey.objects.using(self.database.alias).filter(
-                key_hash__in=key_hashes, store="redis").values_list("key_hash", flat=True))
+            in_redis = set(
+                DebounceKey.objects.using(self.database.alias)
+                .filter(key_hash__in=key_hashes, store="redis")
+                .values_list("key_hash", flat=True)
+            )
             counts.update({h: n for h, n in live.items() if h in in_redis})
         return counts

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import time
 from datetime import datetime, timedelta
-from typing import Any
 
 from django.db import connections, router, transaction
 from django.db.models import F, Value
@@ -50,7 +49,9 @@ class DatabaseBackend(BaseBackend):
     def alias(self) -> str:
         return router.db_for_write(DebounceKey)
 
-    def _lock(self, key_hash: str, now: datetime | None = None) -> tuple[DebounceKey | None, datetime]:
+    def _lock(
+        self, key_hash: str, now: datetime | None = None
+    ) -> tuple[DebounceKey | None, datetime]:
         row = (
             DebounceKey.objects.using(self.alias)
             .select_for_update()
@@ -64,8 +65,10 @@ class DatabaseBackend(BaseBackend):
 
     def _save(self, row: DebounceKey) -> None:
         row.state = (
-            State.RUNNING if row.running_until is not None
-            else State.PENDING if row.pending
+            State.RUNNING
+            if row.running_until is not None
+            else State.PENDING
+            if row.pending
             else State.IDLE
         )
         row.store = "database"
@@ -87,8 +90,9 @@ class DatabaseBackend(BaseBackend):
         if row.watchdog_at is not None and row.watchdog_at > now:
             return None
         row.watchdog_at = row.running_until
-        return Dispatch(row.key_hash, _us(row.running_until), _seconds(row.running_until - now),
-                        kind="watch")
+        return Dispatch(
+            row.key_hash, _us(row.running_until), _seconds(row.running_until - now), kind="watch"
+        )
 
     def _recover_lease(self, row: DebounceKey, now: datetime) -> None:
         """A live run whose lease ran out is lost: its triggers go back to pending (I7)."""
@@ -133,8 +137,9 @@ class DatabaseBackend(BaseBackend):
         row.run_first_trigger_at = None
         row.watchdog_at = None
 
-    def _merge(self, alias: str, key_hash: str, payload: str, wait: float,
-               max_wait: float | None) -> tuple[int, int, datetime] | None:
+    def _merge(
+        self, alias: str, key_hash: str, payload: str, wait: float, max_wait: float | None
+    ) -> tuple[int, int, datetime] | None:
         """The hot path on PostgreSQL: a trigger that only merges into an open flight is one
         ``UPDATE ... RETURNING`` (it takes the row lock, like the full path, in one round trip).
 
@@ -142,25 +147,32 @@ class DatabaseBackend(BaseBackend):
         outstanding, lease or message overdue): the full path then decides.
         """
         with connections[alias].cursor() as cursor:
-            cursor.execute(_MERGE_SQL.format(table=DebounceKey._meta.db_table),
-                           [payload, wait, max_wait, key_hash])
+            cursor.execute(
+                _MERGE_SQL.format(table=DebounceKey._meta.db_table),
+                [payload, wait, max_wait, key_hash],
+            )
             return cursor.fetchone()
 
     # -- operations -----------------------------------------------------------------------
 
-    def trigger(self, *, task_name, key, key_hash, payload, wait, max_wait, overlap=False,
-                payload_json=None):
+    def trigger(
+        self, *, task_name, key, key_hash, payload, wait, max_wait, overlap=False, payload_json=None
+    ):
         alias = self.alias
         if connections[alias].vendor == "postgresql":
-            merged = self._merge(alias, key_hash, payload_json or json.dumps(payload), wait,
-                                 max_wait)
+            merged = self._merge(
+                alias, key_hash, payload_json or json.dumps(payload), wait, max_wait
+            )
             if merged is not None:
                 flight_id, pending, due_at = merged
                 return TriggerResult(key, flight_id, pending, due_at, scheduled=False), None, None
         with transaction.atomic(using=alias):
             DebounceKey.objects.using(self.alias).bulk_create(
-                [DebounceKey(key=key, key_hash=key_hash, task_name=task_name,
-                             scheduled_seq=_seq_base())],
+                [
+                    DebounceKey(
+                        key=key, key_hash=key_hash, task_name=task_name, scheduled_seq=_seq_base()
+                    )
+                ],
                 ignore_conflicts=True,
             )
             row, now = self._lock(key_hash)
@@ -198,7 +210,10 @@ class DatabaseBackend(BaseBackend):
                 dispatch = self._schedule(row, due, now)
             self._save(row)
         result = TriggerResult(
-            key=key, flight_id=row.flight_id, pending=row.pending, due_at=row.due_at,
+            key=key,
+            flight_id=row.flight_id,
+            pending=row.pending,
+            due_at=row.due_at,
             scheduled=dispatch is not None and dispatch.kind == "fire",
         )
         return result, dispatch, undo
@@ -260,10 +275,15 @@ class DatabaseBackend(BaseBackend):
             claim = self._claim(row, now, lease)
             self._save(row)
             DebounceRun.objects.using(self.alias).create(
-                debounce_key_id=row.pk, task_name=row.task_name, flight_id=claim.flight_id,
-                run_id=claim.run_id, triggers=claim.triggers,
-                first_trigger_at=claim.first_trigger_at, last_trigger_at=claim.last_trigger_at,
-                due_at=claim.due_at, started_at=now,
+                debounce_key_id=row.pk,
+                task_name=row.task_name,
+                flight_id=claim.flight_id,
+                run_id=claim.run_id,
+                triggers=claim.triggers,
+                first_trigger_at=claim.first_trigger_at,
+                last_trigger_at=claim.last_trigger_at,
+                due_at=claim.due_at,
+                started_at=now,
                 delay=_seconds(now - claim.last_trigger_at),
             )
         return FireDecision(FireAction.CLAIM, claim=claim)
@@ -271,10 +291,17 @@ class DatabaseBackend(BaseBackend):
     def _claim(self, row: DebounceKey, now: datetime, lease: float) -> Claim:
         row.run_id += 1
         claim = Claim(
-            key_hash=row.key_hash, key=row.key, task_name=row.task_name, run_id=row.run_id,
-            flight_id=row.flight_id, triggers=row.pending, payload=row.payload,
-            first_trigger_at=row.first_trigger_at, last_trigger_at=row.last_trigger_at,
-            due_at=row.due_at, started_at=now,
+            key_hash=row.key_hash,
+            key=row.key,
+            task_name=row.task_name,
+            run_id=row.run_id,
+            flight_id=row.flight_id,
+            triggers=row.pending,
+            payload=row.payload,
+            first_trigger_at=row.first_trigger_at,
+            last_trigger_at=row.last_trigger_at,
+            due_at=row.due_at,
+            started_at=now,
         )
         row.running_until = now + timedelta(seconds=lease)
         row.run_triggers = row.pending
@@ -322,7 +349,9 @@ class DatabaseBackend(BaseBackend):
                 return None
             self._recover_lease(row, now)
             dispatch = None
-            current = row.watchdog_at is None or _us(row.watchdog_at) == at or row.watchdog_at <= now
+            current = (
+                row.watchdog_at is None or _us(row.watchdog_at) == at or row.watchdog_at <= now
+            )
             if row.running_until is not None:
                 if current:
                     row.watchdog_at = None
@@ -382,14 +411,18 @@ class DatabaseBackend(BaseBackend):
         out: list[tuple[str, Dispatch]] = []
         qs = DebounceKey.objects.using(self.alias)
         cutoff = timezone.now() - timedelta(seconds=grace)
-        candidates = list(
-            qs.filter(running_until__lt=timezone.now()).values_list("key_hash", flat=True)
-        ) + list(
-            qs.filter(pending__gt=0, scheduled=False, running_until__isnull=True)
-            .values_list("key_hash", flat=True)
-        ) + list(
-            qs.filter(pending__gt=0, scheduled=True, scheduled_at__lt=cutoff)
-            .values_list("key_hash", flat=True)
+        candidates = (
+            list(qs.filter(running_until__lt=timezone.now()).values_list("key_hash", flat=True))
+            + list(
+                qs.filter(pending__gt=0, scheduled=False, running_until__isnull=True).values_list(
+                    "key_hash", flat=True
+                )
+            )
+            + list(
+                qs.filter(pending__gt=0, scheduled=True, scheduled_at__lt=cutoff).values_list(
+                    "key_hash", flat=True
+                )
+            )
         )
         for key_hash in dict.fromkeys(candidates):
             with transaction.atomic(using=self.alias):
@@ -398,7 +431,8 @@ class DatabaseBackend(BaseBackend):
                     continue
                 self._recover_lease(row, now)
                 overdue = (
-                    row.scheduled and row.scheduled_at is not None
+                    row.scheduled
+                    and row.scheduled_at is not None
                     and row.scheduled_at + timedelta(seconds=grace) < now
                 )
                 if row.pending and row.running_until is None and (not row.scheduled or overdue):
@@ -408,10 +442,20 @@ class DatabaseBackend(BaseBackend):
 
     def live_state(self, key_hash):
         return (
-            DebounceKey.objects.using(self.alias).filter(key_hash=key_hash)
+            DebounceKey.objects.using(self.alias)
+            .filter(key_hash=key_hash)
             .annotate(seq=F("scheduled_seq"), store_code=Value("d"))
-            .values("pending", "flight_id", "triggers", "runs", "merged", "cancelled", "state",
-                    "seq", "store_code")
+            .values(
+                "pending",
+                "flight_id",
+                "triggers",
+                "runs",
+                "merged",
+                "cancelled",
+                "state",
+                "seq",
+                "store_code",
+            )
             .first()
         )
 

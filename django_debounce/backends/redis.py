@@ -14,13 +14,13 @@ The connection is that of a django-redis cache alias (``DEBOUNCE_CACHE_ALIAS``).
 from __future__ import annotations
 
 import json
+import logging
 import time
-from datetime import datetime, timezone as dt_timezone
+from datetime import datetime
+from datetime import timezone as dt_timezone
 from functools import cached_property
 from importlib import resources
 from typing import Any
-
-import logging
 
 from django.db import IntegrityError, router, transaction
 from redis.exceptions import NoScriptError
@@ -34,7 +34,15 @@ logger = logging.getLogger("django_debounce")
 
 US = 1_000_000
 OPERATIONS = (
-    "trigger", "abort", "fire", "finish", "heartbeat", "flush", "cancel", "recover", "watch",
+    "trigger",
+    "abort",
+    "fire",
+    "finish",
+    "heartbeat",
+    "flush",
+    "cancel",
+    "recover",
+    "watch",
 )
 
 
@@ -80,8 +88,11 @@ class RedisBackend(BaseBackend):
             source = (lua / f"{op}.lua").read_text()
             # trigger.lua places the shared functions after its hot path, so a merged trigger
             # does not pay for defining them.
-            source = source.replace("-- @@common@@", common) if "-- @@common@@" in source \
+            source = (
+                source.replace("-- @@common@@", common)
+                if "-- @@common@@" in source
                 else common + "\n" + source
+            )
             scripts[op] = self.client.register_script(source)
         return scripts
 
@@ -117,32 +128,76 @@ class RedisBackend(BaseBackend):
         if not snap:
             return
         raw = {_s(snap[i]): _s(snap[i + 1]) for i in range(0, len(snap), 2)}
-        num = {name: int(raw.get(name) or 0) for name in (
-            "p", "f", "ft", "lt", "d", "q", "sc", "sa", "r", "ru", "rt", "rf", "T", "R", "M", "C", "lr")}
+        num = {
+            name: int(raw.get(name) or 0)
+            for name in (
+                "p",
+                "f",
+                "ft",
+                "lt",
+                "d",
+                "q",
+                "sc",
+                "sa",
+                "r",
+                "ru",
+                "rt",
+                "rf",
+                "T",
+                "R",
+                "M",
+                "C",
+                "lr",
+            )
+        }
         fields = {
             "store": "redis",
             "merge_until": None,  # the database store's hot path must not touch this row
-            "state": (DebounceKey.State.RUNNING if num["ru"] else
-                      DebounceKey.State.PENDING if num["p"] else DebounceKey.State.IDLE),
-            "pending": num["p"], "flight_id": num["f"],
-            "first_trigger_at": _dt(num["ft"]), "last_trigger_at": _dt(num["lt"]),
+            "state": (
+                DebounceKey.State.RUNNING
+                if num["ru"]
+                else DebounceKey.State.PENDING
+                if num["p"]
+                else DebounceKey.State.IDLE
+            ),
+            "pending": num["p"],
+            "flight_id": num["f"],
+            "first_trigger_at": _dt(num["ft"]),
+            "last_trigger_at": _dt(num["lt"]),
             "due_at": _dt(num["d"]),
             "payload": json.loads(raw["pl"]) if raw.get("pl") else None,
-            "scheduled_seq": num["q"], "scheduled": bool(num["sc"]),
-            "scheduled_at": _dt(num["sa"]), "run_id": num["r"], "running_until": _dt(num["ru"]),
+            "scheduled_seq": num["q"],
+            "scheduled": bool(num["sc"]),
+            "scheduled_at": _dt(num["sa"]),
+            "run_id": num["r"],
+            "running_until": _dt(num["ru"]),
             "run_triggers": num["rt"],
             "run_payload": json.loads(raw["rp"]) if raw.get("rp") else None,
             "run_first_trigger_at": _dt(num["rf"]),
-            "triggers": num["T"], "runs": num["R"], "merged": num["M"], "cancelled": num["C"],
-            "last_run_at": _dt(num["lr"]), "last_outcome": raw.get("lo", ""),
+            "triggers": num["T"],
+            "runs": num["R"],
+            "merged": num["M"],
+            "cancelled": num["C"],
+            "last_run_at": _dt(num["lr"]),
+            "last_outcome": raw.get("lo", ""),
         }
-        rows = DebounceKey.objects.using(self.alias).filter(key_hash=key_hash).exclude(
-            store="database", state__in=[DebounceKey.State.PENDING, DebounceKey.State.RUNNING]
+        rows = (
+            DebounceKey.objects.using(self.alias)
+            .filter(key_hash=key_hash)
+            .exclude(
+                store="database", state__in=[DebounceKey.State.PENDING, DebounceKey.State.RUNNING]
+            )
         )
         if not rows.update(**fields):
             DebounceKey.objects.using(self.alias).bulk_create(
-                [DebounceKey(key_hash=key_hash, key=raw.get("k", ""), task_name=raw.get("tn", ""),
-                             **fields)],
+                [
+                    DebounceKey(
+                        key_hash=key_hash,
+                        key=raw.get("k", ""),
+                        task_name=raw.get("tn", ""),
+                        **fields,
+                    )
+                ],
                 ignore_conflicts=True,
             )
         if lost_run:
@@ -150,7 +205,8 @@ class RedisBackend(BaseBackend):
 
     def _seed(self, key_hash: str) -> str:
         row = (
-            DebounceKey.objects.using(self.alias).filter(key_hash=key_hash)
+            DebounceKey.objects.using(self.alias)
+            .filter(key_hash=key_hash)
             .values_list("run_id", "flight_id", "triggers", "runs", "merged", "cancelled")
             .first()
         )
@@ -163,13 +219,23 @@ class RedisBackend(BaseBackend):
 
     # -- operations -----------------------------------------------------------------------
 
-    def trigger(self, *, task_name, key, key_hash, payload, wait, max_wait, overlap=False,
-                payload_json=None):
+    def trigger(
+        self, *, task_name, key, key_hash, payload, wait, max_wait, overlap=False, payload_json=None
+    ):
         grace, ttl = self._limits()
-        encoded = payload_json if payload_json is not None else json.dumps(
-            payload, separators=(",", ":"), ensure_ascii=False)
-        args = [encoded, int(wait * US), -1 if max_wait is None else int(max_wait * US),
-                grace, ttl, int(overlap)]
+        encoded = (
+            payload_json
+            if payload_json is not None
+            else json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
+        )
+        args = [
+            encoded,
+            int(wait * US),
+            -1 if max_wait is None else int(max_wait * US),
+            grace,
+            ttl,
+            int(overlap),
+        ]
         rkey = redis_key(key_hash)
         out = self._run("trigger", rkey, args)
         if len(out) == 1:  # new to Redis: continue the durable record's counters
@@ -177,30 +243,71 @@ class RedisBackend(BaseBackend):
             out = self._run("trigger", rkey, args)
         if len(out) == 3:  # merged into the open flight: nothing to publish or record
             return TriggerResult(key, out[0], out[1], _dt(out[2]), False), None, None
-        (flight_id, pending, due, seq, countdown, opened, prev_pl, prev_lt, prev_d, _now, lost,
-         snap, kind) = out
+        (
+            flight_id,
+            pending,
+            due,
+            seq,
+            countdown,
+            opened,
+            prev_pl,
+            prev_lt,
+            prev_d,
+            _now,
+            lost,
+            snap,
+            kind,
+        ) = out
         if snap:
             self._record(key_hash, snap, lost_run=int(lost))
         seq = int(seq)
         kind = _s(kind)
-        dispatch = (
-            Dispatch(key_hash, seq, int(countdown) / US, self.store, kind) if seq else None
+        dispatch = Dispatch(key_hash, seq, int(countdown) / US, self.store, kind) if seq else None
+        result = TriggerResult(
+            key=key,
+            flight_id=int(flight_id),
+            pending=int(pending),
+            due_at=_dt(due),
+            scheduled=kind == "fire",
         )
-        result = TriggerResult(key=key, flight_id=int(flight_id), pending=int(pending),
-                               due_at=_dt(due), scheduled=kind == "fire")
-        undo = {"opened": int(opened), "payload": _s(prev_pl), "last": int(prev_lt), "due": int(prev_d)}
+        undo = {
+            "opened": int(opened),
+            "payload": _s(prev_pl),
+            "last": int(prev_lt),
+            "due": int(prev_d),
+        }
         return result, dispatch, undo
 
     def abort_trigger(self, key_hash, seq, undo):
         grace, ttl = self._limits()
-        self._run("abort", redis_key(key_hash), [seq, undo["opened"], undo["payload"], undo["last"], undo["due"], grace, ttl,
-                  undo.get("kind", "fire")],
+        self._run(
+            "abort",
+            redis_key(key_hash),
+            [
+                seq,
+                undo["opened"],
+                undo["payload"],
+                undo["last"],
+                undo["due"],
+                grace,
+                ttl,
+                undo.get("kind", "fire"),
+            ],
         )
 
     def fire(self, key_hash, seq, *, overlap, lease, now=None, store=None):
         grace, ttl = self._limits()
-        out = self._run("fire", redis_key(key_hash), [-1 if seq is None else seq, int(overlap), int(lease * US),
-                  _us(now) if now else 0, grace, ttl],
+        out = self._run(
+            "fire",
+            redis_key(key_hash),
+            [
+                -1 if seq is None else seq,
+                int(overlap),
+                int(lease * US),
+                _us(now) if now else 0,
+                grace,
+                ttl,
+            ],
         )
         action = int(out[0])
         if action == -1:
@@ -221,40 +328,59 @@ class RedisBackend(BaseBackend):
         self._record(key_hash, snap)
         raw = {_s(snap[i]): _s(snap[i + 1]) for i in range(0, len(snap), 2)}
         claim = Claim(
-            key_hash=key_hash, key=raw.get("k", ""), task_name=raw.get("tn", ""),
-            run_id=int(run_id), flight_id=int(flight_id), triggers=int(claimed),
+            key_hash=key_hash,
+            key=raw.get("k", ""),
+            task_name=raw.get("tn", ""),
+            run_id=int(run_id),
+            flight_id=int(flight_id),
+            triggers=int(claimed),
             payload=json.loads(payload) if payload else None,
-            first_trigger_at=_dt(first), last_trigger_at=_dt(last), due_at=_dt(due),
-            started_at=_dt(started), store=self.store,
+            first_trigger_at=_dt(first),
+            last_trigger_at=_dt(last),
+            due_at=_dt(due),
+            started_at=_dt(started),
+            store=self.store,
         )
-        row = DebounceKey.objects.using(self.alias).filter(key_hash=key_hash).values_list("pk", flat=True).first()
+        row = (
+            DebounceKey.objects.using(self.alias)
+            .filter(key_hash=key_hash)
+            .values_list("pk", flat=True)
+            .first()
+        )
         if row is not None:
             try:
                 with transaction.atomic(using=self.alias):
                     DebounceRun.objects.using(self.alias).create(
-                        debounce_key_id=row, task_name=claim.task_name,
-                        flight_id=claim.flight_id, run_id=claim.run_id, triggers=claim.triggers,
+                        debounce_key_id=row,
+                        task_name=claim.task_name,
+                        flight_id=claim.flight_id,
+                        run_id=claim.run_id,
+                        triggers=claim.triggers,
                         first_trigger_at=claim.first_trigger_at,
-                        last_trigger_at=claim.last_trigger_at, due_at=claim.due_at,
+                        last_trigger_at=claim.last_trigger_at,
+                        due_at=claim.due_at,
                         started_at=claim.started_at,
                         delay=max((claim.started_at - claim.last_trigger_at).total_seconds(), 0.0),
                     )
             except IntegrityError:
                 # The claim stands (the body must run); only its history row is missing.
-                logger.error("django_debounce: run %s of %s already recorded", claim.run_id,
-                             claim.key)
+                logger.error(
+                    "django_debounce: run %s of %s already recorded", claim.run_id, claim.key
+                )
         return FireDecision(FireAction.CLAIM, claim=claim)
 
     def finish(self, key_hash, run_id, *, ok, error="", store=None):
         grace, ttl = self._limits()
-        applied, seq, countdown, now, snap = self._run("finish", redis_key(key_hash), [run_id, int(ok), grace, ttl]
+        applied, seq, countdown, now, snap = self._run(
+            "finish", redis_key(key_hash), [run_id, int(ok), grace, ttl]
         )
         finished_at = _dt(now)
         DebounceRun.objects.using(self.alias).filter(
             debounce_key__key_hash=key_hash, run_id=run_id, outcome=DebounceRun.Outcome.RUNNING
         ).update(
             outcome=DebounceRun.Outcome.SUCCESS if ok else DebounceRun.Outcome.FAILURE,
-            finished_at=finished_at, error=error,
+            finished_at=finished_at,
+            error=error,
         )
         if not int(applied):
             return None
@@ -264,8 +390,7 @@ class RedisBackend(BaseBackend):
 
     def watch(self, key_hash, at, *, store=None):
         grace, ttl = self._limits()
-        seq, countdown, kind, lost, snap = self._run("watch", redis_key(key_hash), [at, grace, ttl]
-        )
+        seq, countdown, kind, lost, snap = self._run("watch", redis_key(key_hash), [at, grace, ttl])
         if snap:
             self._record(key_hash, snap, lost_run=int(lost))
         seq = int(seq)
@@ -273,7 +398,9 @@ class RedisBackend(BaseBackend):
 
     def heartbeat(self, key_hash, run_id, lease, *, store=None):
         grace, ttl = self._limits()
-        return bool(self._run("heartbeat", redis_key(key_hash), [run_id, int(lease * US), grace, ttl]))
+        return bool(
+            self._run("heartbeat", redis_key(key_hash), [run_id, int(lease * US), grace, ttl])
+        )
 
     def flush(self, key_hash):
         grace, ttl = self._limits()
@@ -289,8 +416,10 @@ class RedisBackend(BaseBackend):
 
     def _live(self) -> list[tuple[str, str]]:
         return list(
-            DebounceKey.objects.using(self.alias).filter(store="redis")
-            .exclude(state=DebounceKey.State.IDLE).values_list("task_name", "key_hash")
+            DebounceKey.objects.using(self.alias)
+            .filter(store="redis")
+            .exclude(state=DebounceKey.State.IDLE)
+            .values_list("task_name", "key_hash")
         )
 
     def due_keys(self, now=None, task_names=None):
@@ -305,7 +434,7 @@ class RedisBackend(BaseBackend):
             seconds, micros = self.client.time()
             limit = int(seconds) * US + int(micros)
         out = []
-        for (task_name, h), (p, d) in zip(candidates, pipe.execute()):
+        for (task_name, h), (p, d) in zip(candidates, pipe.execute(), strict=True):
             if int(p or 0) > 0 and int(d or 0) <= limit:
                 out.append((task_name, h))
         return out
@@ -314,8 +443,7 @@ class RedisBackend(BaseBackend):
         _grace, ttl = self._limits()
         out: list[tuple[str, Dispatch]] = []
         for task_name, h in self._live():
-            lost, seq, countdown, snap = self._run("recover", redis_key(h), [int(grace * US), ttl]
-            )
+            lost, seq, countdown, snap = self._run("recover", redis_key(h), [int(grace * US), ttl])
             self._record(h, snap, lost_run=int(lost))
             if int(seq):
                 out.append((task_name, Dispatch(h, int(seq), int(countdown) / US, self.store)))
@@ -327,8 +455,17 @@ class RedisBackend(BaseBackend):
             return None
         p, f, t, r, m, c, ru, q = (int(v or 0) for v in values)
         state = "running" if ru else "pending" if p else "idle"
-        return {"pending": p, "flight_id": f, "triggers": t, "runs": r, "merged": m,
-                "cancelled": c, "state": state, "seq": q, "store_code": self.store}
+        return {
+            "pending": p,
+            "flight_id": f,
+            "triggers": t,
+            "runs": r,
+            "merged": m,
+            "cancelled": c,
+            "state": state,
+            "seq": q,
+            "store_code": self.store,
+        }
 
     def pending_counts(self, key_hashes):
         if not key_hashes:
@@ -336,4 +473,4 @@ class RedisBackend(BaseBackend):
         pipe = self.client.pipeline(transaction=False)
         for h in key_hashes:
             pipe.hget(redis_key(h), "p")
-        return {h: int(p or 0) for h, p in zip(key_hashes, pipe.execute())}
+        return {h: int(p or 0) for h, p in zip(key_hashes, pipe.execute(), strict=True)}

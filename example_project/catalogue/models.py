@@ -24,7 +24,8 @@ class Product(models.Model):
     price = models.DecimalField(max_digits=10, decimal_places=2)
     category = models.ForeignKey(Category, on_delete=models.CASCADE, related_name="products")
     version = models.PositiveIntegerField(
-        default=0, editable=False,
+        default=0,
+        editable=False,
         help_text="+1 at every save; derived data records the version it saw.",
     )
 

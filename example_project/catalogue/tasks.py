@@ -19,10 +19,12 @@ from django_debounce import RunInfo, debounced_receiver, debounced_task
 from example_project.catalogue.models import Category, CategoryStats, Product, SearchDocument
 
 
-@debounced_receiver(post_save, sender=Product, wait=2, max_wait=30,
-                    name="catalogue.rebuild_search_document")
-def rebuild_search_document(sender: Any, instance: Product | None, pk: Any, debounce: RunInfo,
-                            **kwargs: Any) -> None:
+@debounced_receiver(
+    post_save, sender=Product, wait=2, max_wait=30, name="catalogue.rebuild_search_document"
+)
+def rebuild_search_document(
+    sender: Any, instance: Product | None, pk: Any, debounce: RunInfo, **kwargs: Any
+) -> None:
     """Runs in the worker; ``instance`` is the product as committed now, not as first saved."""
     if instance is None:  # deleted since; its document went with it (on_delete=CASCADE)
         return
@@ -33,8 +35,12 @@ def rebuild_search_document(sender: Any, instance: Product | None, pk: Any, debo
     )
 
 
-@debounced_task(wait=5, max_wait=60, key=lambda category_id: f"category:{category_id}",
-                name="catalogue.recompute_category_stats")
+@debounced_task(
+    wait=5,
+    max_wait=60,
+    key=lambda category_id: f"category:{category_id}",
+    name="catalogue.recompute_category_stats",
+)
 def recompute_category_stats(category_id: int, *, debounce: RunInfo) -> None:
     """Recompute one category's aggregates (once per burst of its products' changes)."""
     category = Category.objects.filter(pk=category_id).first()

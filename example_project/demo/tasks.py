@@ -31,9 +31,13 @@ def _job(scenario: str, pk: Any, version: int | None, debounce: RunInfo | None) 
     started = time.time()
     time.sleep(JOB_SECONDS)
     DemoRun.objects.create(
-        scenario=scenario, doc_pk=pk, version_seen=version,
+        scenario=scenario,
+        doc_pk=pk,
+        version_seen=version,
         triggers=debounce.triggers if debounce is not None else None,
-        started=started, finished=time.time(), pid=os.getpid(),
+        started=started,
+        finished=time.time(),
+        pid=os.getpid(),
     )
 
 
@@ -48,8 +52,12 @@ def per_save_job(pk: int) -> None:
         return
     time.sleep(JOB_SECONDS)
     DemoRun.objects.create(
-        scenario="per_save", doc_pk=pk, version_seen=doc.version,
-        started=started, finished=time.time(), pid=os.getpid(),
+        scenario="per_save",
+        doc_pk=pk,
+        version_seen=doc.version,
+        started=started,
+        finished=time.time(),
+        pid=os.getpid(),
     )
 
 
@@ -62,19 +70,23 @@ def per_save(sender: Any, instance: PerSaveDoc, using: str, **kwargs: Any) -> No
 
 
 @debounced_receiver(post_save, sender=DebounceDoc, wait=DEBOUNCE_WAIT, name="demo.debounce")
-def debounce_job(sender: Any, instance: DebounceDoc | None, pk: Any, debounce: RunInfo,
-                 **kwargs: Any) -> None:
+def debounce_job(
+    sender: Any, instance: DebounceDoc | None, pk: Any, debounce: RunInfo, **kwargs: Any
+) -> None:
     _job("debounce", pk, instance.version if instance else None, debounce)
 
 
 @debounced_receiver(post_save, sender=CoalesceDoc, wait=0, name="demo.coalesce")
-def coalesce_job(sender: Any, instance: CoalesceDoc | None, pk: Any, debounce: RunInfo,
-                 **kwargs: Any) -> None:
+def coalesce_job(
+    sender: Any, instance: CoalesceDoc | None, pk: Any, debounce: RunInfo, **kwargs: Any
+) -> None:
     _job("coalesce", pk, instance.version if instance else None, debounce)
 
 
-@debounced_receiver(post_save, sender=StreamDoc, wait=STREAM_WAIT, max_wait=STREAM_MAX_WAIT,
-                    name="demo.stream")
-def stream_job(sender: Any, instance: StreamDoc | None, pk: Any, debounce: RunInfo,
-               **kwargs: Any) -> None:
+@debounced_receiver(
+    post_save, sender=StreamDoc, wait=STREAM_WAIT, max_wait=STREAM_MAX_WAIT, name="demo.stream"
+)
+def stream_job(
+    sender: Any, instance: StreamDoc | None, pk: Any, debounce: RunInfo, **kwargs: Any
+) -> None:
     _job("stream", pk, instance.version if instance else None, debounce)

@@ -27,6 +27,6 @@ class RunLog(models.Model):
 
 
 class Doc(models.Model):
-    """Saved by the on-commit tests; its receiver coalesces (wait 0) so a worker is ready at once."""
+    """Saved by the on-commit tests; its receiver coalesces (wait 0): a worker is ready at once."""
 
     value = models.IntegerField(default=0)

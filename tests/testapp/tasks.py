@@ -11,11 +11,15 @@ from tests.testapp.models import Doc, Item, OtherItem, RunLog
 
 def _log(task: str, tag: str, debounce: RunInfo | None, **fields) -> RunLog:
     return RunLog.objects.create(
-        task=task, tag=tag, key=debounce.key if debounce else "",
+        task=task,
+        tag=tag,
+        key=debounce.key if debounce else "",
         triggers=debounce.triggers if debounce else None,
         flight_id=debounce.flight_id if debounce else None,
         run_id=debounce.run_id if debounce else None,
-        pid=os.getpid(), started=time.time(), **fields,
+        pid=os.getpid(),
+        started=time.time(),
+        **fields,
     )
 
 
@@ -44,9 +48,13 @@ def record_other(tag: str, *, debounce: RunInfo) -> None:
 
 @debounced_receiver(post_save, sender=Item, wait=0.3, name="testapp.item_saved")
 def item_saved(sender, instance, pk, debounce, **kwargs):
-    log = _log("testapp.item_saved", instance.name if instance else "", debounce,
-               value_seen=instance.value if instance else None,
-               payload={"pk": pk, "created": kwargs.get("created")})
+    log = _log(
+        "testapp.item_saved",
+        instance.name if instance else "",
+        debounce,
+        value_seen=instance.value if instance else None,
+        payload={"pk": pk, "created": kwargs.get("created")},
+    )
     if instance is not None and instance.name.startswith("sleep:"):
         time.sleep(float(instance.name.split(":")[1]))
     log.finished = time.time()
@@ -63,8 +71,13 @@ def other_saved(sender, instance, pk, debounce, **kwargs):
     _body("testapp.other_saved", "", 0, debounce, payload={"pk": pk})
 
 
-@debounced_receiver(post_save, sender=Item, wait=5, name="testapp.item_slow",
-                    key=lambda model, pk, **kw: f"slow:{model}:{pk}")
+@debounced_receiver(
+    post_save,
+    sender=Item,
+    wait=5,
+    name="testapp.item_slow",
+    key=lambda model, pk, **kw: f"slow:{model}:{pk}",
+)
 def item_slow(sender, instance, pk, debounce, **kwargs):
     if instance is not None and instance.name.startswith("slow"):
         _log("testapp.item_slow", instance.name, debounce, value_seen=instance.value)
@@ -82,8 +95,13 @@ def bounded(tag: str, *, debounce: RunInfo) -> None:
 
 @debounced_receiver(post_save, sender=Doc, wait=0, name="testapp.doc_saved")
 def doc_saved(sender, instance, pk, debounce, **kwargs):
-    _log("testapp.doc_saved", "", debounce, value_seen=instance.value if instance else None,
-         payload={"pk": pk, "created": kwargs.get("created")})
+    _log(
+        "testapp.doc_saved",
+        "",
+        debounce,
+        value_seen=instance.value if instance else None,
+        payload={"pk": pk, "created": kwargs.get("created")},
+    )
 
 
 @debounced_task(wait=0.2, name="testapp.failover", lease=5)
@@ -91,6 +109,8 @@ def failover(tag: str, *, debounce: RunInfo) -> None:
     _body("testapp.failover", tag, 0, debounce)
 
 
-@debounced_task(wait=0.2, name="testapp.crashy", lease=3, key=lambda tag, sleep=0.0: f"crashy:{tag}")
+@debounced_task(
+    wait=0.2, name="testapp.crashy", lease=3, key=lambda tag, sleep=0.0: f"crashy:{tag}"
+)
 def crashy(tag: str, sleep: float = 0.0, *, debounce: RunInfo) -> None:
     _body("testapp.crashy", tag, sleep, debounce)

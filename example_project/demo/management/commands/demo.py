@@ -45,8 +45,13 @@ from example_project.demo.models import (
 )
 
 
-def wait_for(predicate: Callable[[], Any], *, timeout: float, interval: float = 0.02,
-             message: str = "condition") -> Any:
+def wait_for(
+    predicate: Callable[[], Any],
+    *,
+    timeout: float,
+    interval: float = 0.02,
+    message: str = "condition",
+) -> Any:
     """Poll ``predicate`` until it returns a truthy value; ``TimeoutError`` after ``timeout`` s."""
     deadline = time.monotonic() + timeout
     while True:
@@ -85,19 +90,42 @@ class Worker:
         self._out = out
         t0 = time.monotonic()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "example_project", "worker",
-             "--pool", "prefork", "--concurrency", str(self.concurrency), "--loglevel", "INFO",
-             "--without-gossip", "--without-mingle", "--without-heartbeat",
-             # No --purge: the queue may hold the catalogue's real work. Messages left by an
-             # earlier demo are harmless: dispatch messages of deleted keys are dropped by the
-             # store, and runs are counted per demo row (DemoRun.doc_pk).
-             "--hostname", f"demo-{os.getpid()}@%h"],
-            cwd=root, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "example_project",
+                "worker",
+                "--pool",
+                "prefork",
+                "--concurrency",
+                str(self.concurrency),
+                "--loglevel",
+                "INFO",
+                "--without-gossip",
+                "--without-mingle",
+                "--without-heartbeat",
+                # No --purge: the queue may hold the catalogue's real work. Messages left by an
+                # earlier demo are harmless: dispatch messages of deleted keys are dropped by the
+                # store, and runs are counted per demo row (DemoRun.doc_pk).
+                "--hostname",
+                f"demo-{os.getpid()}@%h",
+            ],
+            cwd=root,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
             start_new_session=True,
         )
         try:
-            wait_for(self._ready, timeout=self.ready_timeout, interval=0.05,
-                     message="the Celery worker to be ready")
+            wait_for(
+                self._ready,
+                timeout=self.ready_timeout,
+                interval=0.05,
+                message="the Celery worker to be ready",
+            )
         except TimeoutError as exc:
             raise CommandError(
                 f"{exc} (is the broker reachable?). Last lines of {self.log}:\n{self.tail()}"
@@ -207,25 +235,48 @@ class Result:
 
 SCENARIOS = [
     Scenario(
-        "a", "per_save", "task per save", PerSaveDoc, None, saves=200, interval=0.002,
+        "a",
+        "per_save",
+        "task per save",
+        PerSaveDoc,
+        None,
+        saves=200,
+        interval=0.002,
         expectation="one run per save (200), runs overlap (max concurrent > 1); the last run "
         "sees the final version",
     ),
     Scenario(
-        "b", "debounce", "debounce wait=0.05", DebounceDoc, "demo.debounce", saves=200,
-        interval=0.002, wait=demo_tasks.DEBOUNCE_WAIT,
+        "b",
+        "debounce",
+        "debounce wait=0.05",
+        DebounceDoc,
+        "demo.debounce",
+        saves=200,
+        interval=0.002,
+        wait=demo_tasks.DEBOUNCE_WAIT,
         expectation="exactly 1 run, starting >= 50 ms after the last save, seeing the final "
         "version and covering all 200 saves",
     ),
     Scenario(
-        "c", "coalesce", "coalesce wait=0", CoalesceDoc, "demo.coalesce", saves=200,
+        "c",
+        "coalesce",
+        "coalesce wait=0",
+        CoalesceDoc,
+        "demo.coalesce",
+        saves=200,
         interval=0.002,
         expectation="far fewer runs than saves (<= 50; a published reference measured 15), "
         "never overlapping; the last run starts after the last save and sees the final version",
     ),
     Scenario(
-        "d", "stream", "stream + max_wait=0.5", StreamDoc, "demo.stream", saves=200,
-        interval=0.01, wait=demo_tasks.STREAM_WAIT,
+        "d",
+        "stream",
+        "stream + max_wait=0.5",
+        StreamDoc,
+        "demo.stream",
+        saves=200,
+        interval=0.01,
+        wait=demo_tasks.STREAM_WAIT,
         expectation="a save every 10 ms for 2 s never leaves 50 ms of quiet, yet max_wait=0.5 "
         "gives about 4 runs (2..8), never overlapping; the last starts after the last save and "
         "sees the final version",
@@ -259,18 +310,24 @@ def check(result: Result) -> list[str]:
         if len(runs) != 1:
             out.append(f"{len(runs)} runs, expected exactly 1")
             if result.max_gap_s >= s.wait:
-                out.append(f"(the saves paused for {result.max_gap_s * 1000:.0f} ms, longer than "
-                           "wait: a quiet period really happened; is the machine overloaded?)")
+                out.append(
+                    f"(the saves paused for {result.max_gap_s * 1000:.0f} ms, longer than "
+                    "wait: a quiet period really happened; is the machine overloaded?)"
+                )
         delay = runs[0].started - result.last_save
         if delay < s.wait:
-            out.append(f"the run started {delay * 1000:.1f} ms after the last save, "
-                       f"before the quiet period of {s.wait * 1000:.0f} ms")
+            out.append(
+                f"the run started {delay * 1000:.1f} ms after the last save, "
+                f"before the quiet period of {s.wait * 1000:.0f} ms"
+            )
     if s.letter == "c" and len(runs) > n // 4:
         out.append(f"{len(runs)} runs, expected far fewer than {n} (<= {n // 4})")
         planned, took = (n - 1) * s.interval, result.last_save_done - result.first_save
         if took > 2 * planned:
-            out.append(f"(the saves took {took:.2f} s instead of {planned:.2f} s: the machine "
-                       "is busy, and a longer burst leaves room for more runs)")
+            out.append(
+                f"(the saves took {took:.2f} s instead of {planned:.2f} s: the machine "
+                "is busy, and a longer burst leaves room for more runs)"
+            )
     if s.letter == "d" and not 2 <= len(runs) <= 8:
         out.append(f"{len(runs)} runs, expected about 4 (2..8)")
     return out
@@ -287,16 +344,29 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--concurrency", type=int, default=4,
-                            help="worker processes (prefork pool); default 4")
-        parser.add_argument("--settle-timeout", type=float, default=60.0,
-                            help="seconds each scenario may take to settle after its last save")
-        parser.add_argument("--worker-timeout", type=float, default=60.0,
-                            help="seconds the worker may take to become ready")
-        parser.add_argument("--only", default="abcd",
-                            help="scenarios to run, by letter (default: abcd)")
-        parser.add_argument("--worker-log", default=None,
-                            help="worker log file (default: example_project/var/demo-worker.log)")
+        parser.add_argument(
+            "--concurrency", type=int, default=4, help="worker processes (prefork pool); default 4"
+        )
+        parser.add_argument(
+            "--settle-timeout",
+            type=float,
+            default=60.0,
+            help="seconds each scenario may take to settle after its last save",
+        )
+        parser.add_argument(
+            "--worker-timeout",
+            type=float,
+            default=60.0,
+            help="seconds the worker may take to become ready",
+        )
+        parser.add_argument(
+            "--only", default="abcd", help="scenarios to run, by letter (default: abcd)"
+        )
+        parser.add_argument(
+            "--worker-log",
+            default=None,
+            help="worker log file (default: example_project/var/demo-worker.log)",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         t_total = time.monotonic()
@@ -304,11 +374,14 @@ class Command(BaseCommand):
         chosen = [s for s in SCENARIOS if s.letter in options["only"]]
         if not chosen:
             raise CommandError("--only selects no scenario; use letters among 'abcd'.")
-        log = Path(options["worker_log"] or Path(settings.BASE_DIR) / "example_project" / "var"
-                   / "demo-worker.log")
+        log = Path(
+            options["worker_log"]
+            or Path(settings.BASE_DIR) / "example_project" / "var" / "demo-worker.log"
+        )
         self.stdout.write(self._describe(options["concurrency"]))
-        worker = Worker(concurrency=options["concurrency"], log=log,
-                        ready_timeout=options["worker_timeout"])
+        worker = Worker(
+            concurrency=options["concurrency"], log=log, ready_timeout=options["worker_timeout"]
+        )
         results: list[Result] = []
         # SIGTERM/SIGHUP (a CI timeout, a closed terminal) unwind like Ctrl-C, so the worker
         # is stopped by the `finally` below instead of being left running in its own session.
@@ -319,15 +392,20 @@ class Command(BaseCommand):
             worker.start()
             self.stdout.write(f"Worker ready in {worker.started_in:.1f} s (log: {log}).")
             for scenario in chosen:
-                self.stdout.write(f"Running {scenario.letter}. {scenario.title}: {scenario.saves} "
-                                  f"saves every {scenario.interval * 1000:g} ms ...")
+                self.stdout.write(
+                    f"Running {scenario.letter}. {scenario.title}: {scenario.saves} "
+                    f"saves every {scenario.interval * 1000:g} ms ..."
+                )
                 result = self._run(scenario, options["settle_timeout"], worker)
                 results.append(result)
                 self.stdout.write(
                     f"  saves took {result.last_save_done - result.first_save:.2f} s (longest "
                     f"pause {result.max_gap_s * 1000:.0f} ms); "
-                    + (f"settled {result.settle_s:.2f} s after the last save"
-                       if not result.error else result.error)
+                    + (
+                        f"settled {result.settle_s:.2f} s after the last save"
+                        if not result.error
+                        else result.error
+                    )
                 )
                 if options["verbosity"] >= 2:
                     self.stdout.write(self._timeline(result))
@@ -380,8 +458,11 @@ class Command(BaseCommand):
     def _describe(self, concurrency: int) -> str:
         db = settings.DATABASES[DEFAULT_DB_ALIAS]
         vendor = connections[DEFAULT_DB_ALIAS].vendor
-        where = (db["NAME"] if vendor == "sqlite"
-                 else f"{db.get('HOST') or 'localhost'}:{db.get('PORT') or '5432'}/{db['NAME']}")
+        where = (
+            db["NAME"]
+            if vendor == "sqlite"
+            else f"{db.get('HOST') or 'localhost'}:{db.get('PORT') or '5432'}/{db['NAME']}"
+        )
         broker = settings.CELERY_BROKER_URL
         if broker.startswith("filesystem://"):
             broker = f"filesystem ({settings.CELERY_BROKER_TRANSPORT_OPTIONS['data_folder_in']})"
@@ -430,8 +511,11 @@ class Command(BaseCommand):
         result.saves = scenario.saves
 
         try:
-            wait_for(lambda: self._settled(scenario, doc.pk, worker), timeout=settle_timeout,
-                     message=f"scenario {scenario.letter} to settle")
+            wait_for(
+                lambda: self._settled(scenario, doc.pk, worker),
+                timeout=settle_timeout,
+                message=f"scenario {scenario.letter} to settle",
+            )
         except TimeoutError as exc:
             result.error = str(exc)
         result.settle_s = time.time() - result.last_save_done
@@ -453,8 +537,9 @@ class Command(BaseCommand):
         # Settled when the key has nothing pending and no live run, and every claimed run has
         # recorded itself (DemoRun is written by the body, before the run's finish).
         key = DebounceKey.objects.filter(task_name=scenario.task_name).first()
-        return (key is not None and key.pending == 0 and key.running_until is None
-                and runs == key.runs)
+        return (
+            key is not None and key.pending == 0 and key.running_until is None and runs == key.runs
+        )
 
     # -- output ---------------------------------------------------------------------------
 
@@ -475,24 +560,42 @@ class Command(BaseCommand):
         def ms(value: float | None) -> str:
             return "-" if value is None else f"{value:.0f}"
 
-        headers = ["scenario", "saves", "runs", "max conc", "overlap", "1st run after 1st save ms",
-                   "last run after last save ms", "final version", "triggers in runs", "result"]
+        headers = [
+            "scenario",
+            "saves",
+            "runs",
+            "max conc",
+            "overlap",
+            "1st run after 1st save ms",
+            "last run after last save ms",
+            "final version",
+            "triggers in runs",
+            "result",
+        ]
         rows = []
         for r in results:
-            rows.append([
-                f"{r.scenario.letter}. {r.scenario.title}", str(r.saves), str(len(r.runs)),
-                str(r.max_concurrent), "yes" if r.max_concurrent > 1 else "no",
-                ms(r.first_delay_ms), ms(r.last_delay_ms),
-                "yes" if r.final_applied else "no",
-                "-" if r.triggers_covered is None else str(r.triggers_covered),
-                "PASS" if r.passed else "FAIL",
-            ])
+            rows.append(
+                [
+                    f"{r.scenario.letter}. {r.scenario.title}",
+                    str(r.saves),
+                    str(len(r.runs)),
+                    str(r.max_concurrent),
+                    "yes" if r.max_concurrent > 1 else "no",
+                    ms(r.first_delay_ms),
+                    ms(r.last_delay_ms),
+                    "yes" if r.final_applied else "no",
+                    "-" if r.triggers_covered is None else str(r.triggers_covered),
+                    "PASS" if r.passed else "FAIL",
+                ]
+            )
         widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(headers)]
         left = {0}
 
         def line(cells: list[str]) -> str:
-            return "  ".join(c.ljust(w) if i in left else c.rjust(w)
-                             for i, (c, w) in enumerate(zip(cells, widths, strict=True)))
+            return "  ".join(
+                c.ljust(w) if i in left else c.rjust(w)
+                for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+            )
 
         out = [line(headers), "  ".join("-" * w for w in widths)]
         out += [line(row) for row in rows]
