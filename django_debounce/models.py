@@ -2,8 +2,23 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from django.db import models
 from django.utils.translation import gettext_lazy as _
+
+
+def _delete_in_batches(qs: models.QuerySet, batch_size: int, dry_run: bool) -> int:
+    """Delete the rows of ``qs`` in batches of primary keys; returns how many (would) go."""
+    if dry_run:
+        return qs.count()
+    deleted = 0
+    while True:
+        pks = list(qs.values_list("pk", flat=True)[:batch_size])
+        if not pks:
+            return deleted
+        _total, per_model = qs.model._default_manager.using(qs.db).filter(pk__in=pks).delete()
+        deleted += per_model.get(qs.model._meta.label, 0)
 
 
 class DebounceKeyQuerySet(models.QuerySet):
@@ -12,6 +27,44 @@ class DebounceKeyQuerySet(models.QuerySet):
     def active(self) -> DebounceKeyQuerySet:
         """Keys with pending triggers or a live run."""
         return self.exclude(state=DebounceKey.State.IDLE)
+
+    def stale(self, cutoff: datetime) -> DebounceKeyQuerySet:
+        """Idle keys (nothing pending, nothing running) whose last state change is older than
+        ``cutoff`` (an aware datetime)."""
+        return self.filter(
+            state=DebounceKey.State.IDLE,
+            pending=0,
+            running_until__isnull=True,
+            updated_at__lt=cutoff,
+        )
+
+    def delete_stale(
+        self, cutoff: datetime, *, batch_size: int = 1000, dry_run: bool = False
+    ) -> int:
+        """Delete ``stale(cutoff)`` keys and their run history in batches; returns the count
+        of keys (that would be) deleted."""
+        keys = self.stale(cutoff)
+        if dry_run:
+            return keys.count()
+        deleted = 0
+        while True:
+            pks = list(keys.values_list("pk", flat=True)[:batch_size])
+            if not pks:
+                return deleted
+            DebounceRun.objects.using(self.db).filter(debounce_key_id__in=pks).delete()
+            _total, per_model = DebounceKey.objects.using(self.db).filter(pk__in=pks).delete()
+            deleted += per_model.get(DebounceKey._meta.label, 0)
+
+
+class DebounceRunQuerySet(models.QuerySet):
+    """Query logic for run history."""
+
+    def delete_expired(
+        self, cutoff: datetime, *, batch_size: int = 1000, dry_run: bool = False
+    ) -> int:
+        """Delete finished runs that started before ``cutoff``, in batches; returns the count."""
+        qs = self.filter(started_at__lt=cutoff).exclude(outcome=DebounceRun.Outcome.RUNNING)
+        return _delete_in_batches(qs, batch_size, dry_run)
 
 
 class DebounceKey(models.Model):
@@ -223,6 +276,8 @@ class DebounceRun(models.Model):
     error = models.TextField(
         _("error"), blank=True, default="", help_text=_("Error text of a failure.")
     )
+
+    objects = DebounceRunQuerySet.as_manager()
 
     class Meta:
         verbose_name = _("debounce run")

@@ -1,0 +1,25 @@
+"""Parsing durations given on the command line (``7d``, ``12h``, ``30m``, ``45s``, ``2w``)."""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+
+from django.utils.dateparse import parse_duration
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+ACCEPTED = "a number with a unit s, m, h, d or w (e.g. 45s, 30m, 12h, 7d, 2w), or HH:MM:SS"
+
+
+def parse(value: str) -> timedelta:
+    """``"7d"`` -> ``timedelta(days=7)``; also Django's duration forms (``"1 02:00:00"``).
+
+    Raises ``ValueError`` naming the accepted forms.
+    """
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*", value or "")
+    if match:
+        return timedelta(seconds=float(match.group(1)) * _UNITS[match.group(2)])
+    parsed = parse_duration(value.strip()) if value and value.strip() else None
+    if parsed is None or parsed < timedelta(0):
+        raise ValueError(f"{value!r} is not a duration: use {ACCEPTED}.")
+    return parsed

@@ -1,0 +1,111 @@
+"""debounce_purge and debounce_status, run as an operator would."""
+
+from __future__ import annotations
+
+import io
+import json
+from datetime import timedelta
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.utils import timezone
+
+from django_debounce import durations
+from django_debounce.models import DebounceKey, DebounceRun
+from django_debounce.testing import run_due
+from tests.celery_app import app
+from tests.conftest import wait_for
+from tests.testapp.tasks import record, record_slow
+
+
+@pytest.fixture
+def eager():
+    app.conf.task_always_eager = True
+    yield
+    app.conf.task_always_eager = False
+
+
+def run(*args: str) -> str:
+    out = io.StringIO()
+    call_command(*args, stdout=out, stderr=io.StringIO())
+    return out.getvalue()
+
+
+@pytest.mark.parametrize(
+    "text, seconds",
+    [
+        ("45s", 45),
+        ("30m", 1800),
+        ("12h", 43200),
+        ("7d", 604800),
+        ("2w", 1209600),
+        ("01:00:00", 3600),
+    ],
+)
+def test_durations(text, seconds):
+    assert durations.parse(text) == timedelta(seconds=seconds)
+
+
+@pytest.mark.parametrize("bad", ["", "7 dayz", "-1d", "soon", "3y"])
+def test_bad_duration_is_a_command_error_naming_the_form(bad, db):
+    with pytest.raises(CommandError, match="45s, 30m, 12h, 7d"):
+        run("debounce_purge", f"--older-than={bad}")
+
+
+def test_unknown_task_is_a_command_error(db):
+    with pytest.raises(CommandError, match="registered debounced task"):
+        run("debounce_purge", "--older-than", "7d", "--task", "nope.missing")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_purge_deletes_only_stale_idle_keys_and_old_runs(eager, store):
+    record.trigger("old")
+    record.trigger("new")
+    record_slow.trigger("pending")
+    assert run_due(now=timezone.now() + timedelta(seconds=1)) == 2
+    old = DebounceKey.objects.get(key__contains='"old"')
+    DebounceKey.objects.filter(pk=old.pk).update(updated_at=timezone.now() - timedelta(days=8))
+    DebounceRun.objects.filter(debounce_key=old).update(
+        started_at=timezone.now() - timedelta(days=8)
+    )
+    dry = run("debounce_purge", "--older-than", "7d", "--dry-run")
+    assert "would delete 1 idle keys and 1 runs" in dry
+    assert DebounceKey.objects.count() == 3
+    out = run("debounce_purge", "--older-than", "7d", "--batch-size", "1")
+    assert "deleted 1 idle keys and 1 runs" in out
+    assert set(DebounceKey.objects.values_list("key", flat=True)) == {
+        record.resolve(("new",), {})[0],
+        record_slow.resolve(("pending",), {})[0],
+    }
+    assert DebounceRun.objects.count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_purge_redoes_a_run_whose_lease_ran_out(eager, store):
+    from django_debounce.backends import get_backend
+
+    record.trigger("lost")
+    row = DebounceKey.objects.get()
+    soon = timezone.now() + timedelta(seconds=0.5)  # past the 0.3 s wait
+    decision = get_backend().fire(row.key_hash, None, overlap=False, lease=0.01, now=soon)
+    assert decision.claim is not None  # claimed, then its worker "dies": no finish
+
+    def purged_back_to_pending() -> bool:
+        run("debounce_purge", "--older-than", "7d")
+        return get_backend().live_state(row.key_hash)["state"] == "pending"
+
+    wait_for(purged_back_to_pending, timeout=10, interval=0.1, message="the lost run redone")
+    assert get_backend().live_state(row.key_hash)["pending"] == 1
+    assert DebounceRun.objects.get().outcome == "lost"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_status_lists_pending_keys_with_live_counts(eager, store):
+    for _ in range(3):
+        record_slow.trigger("s")
+    assert "pending" in run("debounce_status")
+    lines = [json.loads(line) for line in run("debounce_status", "--json").splitlines()]
+    assert [(r["task"], r["pending"], r["state"]) for r in lines] == [
+        ("testapp.record_slow", 3, "pending")
+    ]
+    assert run("debounce_status", "--task", "other") == "no pending or running keys\n"
