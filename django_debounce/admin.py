@@ -25,6 +25,9 @@ class ReadOnlyAdmin(admin.ModelAdmin):
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False  # keys and runs go through debounce_purge, never by hand
+
 
 class DebounceRunInline(admin.TabularInline):
     model = DebounceRun

@@ -20,14 +20,26 @@ def check_backend(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMe
 
     errors: list[checks.CheckMessage] = []
     value = conf.get("BACKEND")
+    from django_debounce.backends.base import BaseBackend
+
     try:
-        import_string(backend_path(value))
+        cls = import_string(backend_path(value))
     except ImportError as exc:
         errors.append(
             checks.Error(
                 f"DEBOUNCE_BACKEND={value!r} cannot be imported: {exc}.",
                 hint="Use 'auto', 'redis', 'database', or the dotted path of a BaseBackend "
                 "subclass (install django-redis for the redis backend).",
+                id="django_debounce.E001",
+            )
+        )
+        return errors
+    if not (isinstance(cls, type) and issubclass(cls, BaseBackend)):
+        errors.append(
+            checks.Error(
+                f"DEBOUNCE_BACKEND={value!r} is not a django_debounce BaseBackend subclass.",
+                hint="Use 'auto', 'redis', 'database', or the dotted path of a subclass of "
+                "django_debounce.backends.base.BaseBackend.",
                 id="django_debounce.E001",
             )
         )

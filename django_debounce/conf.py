@@ -5,6 +5,7 @@ Every setting is flat and carries the ``DEBOUNCE_`` prefix (DESIGN.md section 3)
 
 from __future__ import annotations
 
+import math
 from datetime import timedelta
 from typing import Any
 
@@ -53,7 +54,8 @@ def _reset(*, setting: str, **kwargs: Any) -> None:
 def seconds(value: Any, *, name: str, allow_none: bool = False) -> float | None:
     """Normalise a duration given as seconds (int/float) or ``timedelta`` to float seconds.
 
-    Raises ``ImproperlyConfigured`` for negative or non-numeric values, naming ``name``.
+    Raises ``ImproperlyConfigured`` for negative, infinite, NaN or non-numeric values,
+    naming ``name``.
     """
     if value is None:
         if allow_none:
@@ -66,6 +68,6 @@ def seconds(value: Any, *, name: str, allow_none: bool = False) -> float | None:
             f"{name} must be a number of seconds (int or float) or a timedelta, "
             f"got {value!r} of type {type(value).__name__}."
         )
-    if value < 0:
-        raise ImproperlyConfigured(f"{name} must be >= 0 seconds, got {value!r}.")
+    if not math.isfinite(value) or value < 0:
+        raise ImproperlyConfigured(f"{name} must be a finite number >= 0 seconds, got {value!r}.")
     return float(value)

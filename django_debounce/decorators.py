@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import difflib
 import json
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
-from celery import shared_task
+from celery import Task, shared_task
 from django.apps import apps
 from django.core.exceptions import ImproperlyConfigured
 from django.db import models, router
@@ -23,6 +24,59 @@ _LATER = {
     "leading": "leading edges",
     "collect": "collected payloads",
 }
+
+
+# Options Celery's task decorator accepts that are not attributes of ``celery.Task``.
+_CELERY_DECORATOR_OPTIONS = {
+    "base",
+    "bind",
+    "shared",
+    "filter",
+    "lazy",
+    "pydantic",
+    "pydantic_strict",
+    "pydantic_context",
+    "pydantic_dump_kwargs",
+    "autoretry_for",
+    "dont_autoretry_for",
+    "retry_kwargs",
+    "retry_backoff",
+    "retry_backoff_max",
+    "retry_jitter",
+}
+_OUR_OPTIONS = (
+    "wait",
+    "max_wait",
+    "key",
+    "leading",
+    "trailing",
+    "overlap",
+    "collect",
+    "collect_limit",
+    "lease",
+    "on_commit",
+    "backend",
+    "sender",
+    "call_missing",
+)
+
+
+def _check_celery_options(options: dict[str, Any]) -> None:
+    """A misspelt option must not silently become a Celery task attribute."""
+    for name in options:
+        if name in _CELERY_DECORATOR_OPTIONS or hasattr(Task, name):
+            continue
+        known = [
+            *_OUR_OPTIONS,
+            *_CELERY_DECORATOR_OPTIONS,
+            *(a for a in dir(Task) if not a.startswith("_")),
+        ]
+        close = difflib.get_close_matches(name, known, n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise TypeError(
+            f"Unknown option {name!r}: it is neither a django-debounce option nor a Celery "
+            f"task option.{hint}"
+        )
 
 
 def _options(
@@ -115,6 +169,8 @@ def debounced_task(
         backend=backend,
     )
 
+    _check_celery_options(celery_options)
+
     def decorate(fn: F) -> Any:
         if celery_options.get("bind"):
             raise ImproperlyConfigured(
@@ -171,11 +227,23 @@ class DebouncedReceiverTask(DebouncedTask):
     debounce_signals: tuple[Signal, ...] = ()
     debounce_call_missing: bool = False
     debounce_handler: Callable[..., Any] | None = None
+    debounce_sender: Any = None
+
+    def _check_model(self, model: Any) -> None:
+        sender = self.debounce_sender
+        if isinstance(sender, type) and issubclass(sender, models.Model):
+            concrete = sender._meta.concrete_model  # type: ignore[attr-defined]
+            if not issubclass(model, sender) and model._meta.concrete_model is not concrete:
+                raise TypeError(
+                    f"{self.name} receives {sender._meta.label} rows (sender=); "  # type: ignore[attr-defined]
+                    f"got a {model._meta.label}."
+                )
 
     def _resolve(self, args: tuple, kwargs: dict) -> tuple[str, Any, str | None]:
         """``trigger(instance)`` or ``trigger(Model, pk)``: key ``app_label.model:pk``."""
         if len(args) == 1 and not kwargs and isinstance(args[0], models.Model):
             instance = args[0]
+            self._check_model(type(instance))
             payload = {
                 "model": instance._meta.label_lower,
                 "pk": _pk(instance.pk),
@@ -184,6 +252,7 @@ class DebouncedReceiverTask(DebouncedTask):
                 "kwargs": {},
             }
         elif len(args) == 2 and not kwargs and _label(args[0]):
+            self._check_model(args[0])
             payload = {
                 "model": _label(args[0]),
                 "pk": _pk(args[1]),
@@ -288,6 +357,7 @@ def debounced_receiver(
     ``trigger_many`` after bulk writes, or ``.flush(instance)``).
     Triggers made in a transaction count when it commits (``on_commit``).
     """
+    _check_celery_options(celery_options)
     signals = tuple(signal) if isinstance(signal, (list, tuple)) else (signal,)
     for sig in signals:
         if not isinstance(sig, Signal):
@@ -321,6 +391,7 @@ def debounced_receiver(
             debounce_signals=signals,
             debounce_call_missing=call_missing,
             debounce_handler=staticmethod(handler),
+            debounce_sender=sender,
             **celery_options,
         )(body)
         holder.append(task)
@@ -350,7 +421,7 @@ def trigger_many(task: Any, payloads: Iterable[Any]) -> list[TriggerResult]:
         raise TypeError(f"trigger_many() needs a debounced task, got {task!r}.")
     results = []
     if isinstance(task, DebouncedReceiverTask):
-        model = getattr(payloads, "model", None)
+        model = getattr(payloads, "model", None) or task.debounce_sender
         for item in payloads:
             args = (item,) if isinstance(item, models.Model) else (model, item)
             results.append(task.trigger(*args))

@@ -247,6 +247,12 @@ class DebounceRun(models.Model):
         help_text=_("The key this run belongs to."),
     )
     task_name = models.CharField(_("task"), max_length=255, help_text=_("Celery name of the task."))
+    store = models.CharField(
+        _("store"),
+        max_length=16,
+        default="database",
+        help_text=_("The store that claimed the run: database or redis."),
+    )
     flight_id = models.PositiveBigIntegerField(
         _("flight id"), help_text=_("Flight this run absorbed.")
     )
@@ -284,7 +290,7 @@ class DebounceRun(models.Model):
         verbose_name_plural = _("debounce runs")
         constraints = [
             models.UniqueConstraint(
-                fields=["debounce_key", "run_id"], name="debounce_run_key_run_uniq"
+                fields=["debounce_key", "store", "run_id"], name="debounce_run_key_run_uniq"
             ),
         ]
         indexes = [

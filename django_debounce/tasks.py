@@ -90,7 +90,11 @@ class DebouncedTask(Task):
         return binder
 
     def _wants_runinfo(self) -> bool:
-        return RESERVED_PARAMETER in inspect.signature(self.run).parameters
+        wants = self.__dict__.get("_wants_cache")
+        if wants is None:
+            wants = RESERVED_PARAMETER in inspect.signature(self.run).parameters
+            self.__dict__["_wants_cache"] = wants
+        return wants
 
     # -- keys and payloads ----------------------------------------------------------------
 
@@ -105,11 +109,23 @@ class DebouncedTask(Task):
 
     def _resolve(self, args: tuple, kwargs: dict) -> tuple[str, Any, str | None]:
         """``resolve`` plus the payload's canonical JSON, encoded once per trigger."""
-        payload = self._binder(args, kwargs)
+        try:
+            payload = self._binder(args, kwargs)
+        except TypeError as exc:
+            raise TypeError(
+                f"{self.name}.trigger() takes the arguments of the task body "
+                f"{self._binder.sig}: {exc}"
+            ) from None
         encoded = dumps(payload)
         if self.debounce_key is None:
             return f"{self.name}:{encoded}", payload, encoded
-        key = self.debounce_key(*payload["args"], **payload["kwargs"])
+        try:
+            key = self.debounce_key(*payload["args"], **payload["kwargs"])
+        except TypeError as exc:
+            raise TypeError(
+                f"key= of {self.name} could not be called with the task's arguments ({exc}); "
+                f"it must accept the task's signature {self._binder.sig}."
+            ) from None
         if not isinstance(key, str):
             raise TypeError(
                 f"key= of {self.name} must return a str, got {type(key).__name__}: {key!r}."
@@ -162,13 +178,17 @@ class DebouncedTask(Task):
         self, key: str, payload: Any, payload_json: str | None = None
     ) -> TriggerResult:
         backend = self.get_backend()
+        wait = self.wait
+        max_wait = self.debounce_max_wait
+        if max_wait is not None and max_wait < wait:
+            max_wait = wait  # as lodash: maxWait is never below wait
         result, dispatch, undo = backend.trigger(
             task_name=self.name,
             key=key,
             key_hash=key_hash(self.name, key),
             payload=payload,
-            wait=self.wait,
-            max_wait=self.debounce_max_wait,
+            wait=wait,
+            max_wait=max_wait,
             overlap=self.debounce_overlap,
             payload_json=payload_json,
         )
@@ -213,6 +233,9 @@ class DebouncedTask(Task):
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         message = kwargs.pop(DISPATCH_KWARG, None)
         if message is None:
+            # A plain call (delay/apply_async/direct): not debounced, so no run facts.
+            if self._wants_runinfo():
+                kwargs.setdefault(RESERVED_PARAMETER, None)
             return super().__call__(*args, **kwargs)
         if not isinstance(message, dict) or not (
             {"k", "s"} <= set(message) <= {"k", "s", "b", "n"}

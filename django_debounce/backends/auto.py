@@ -164,10 +164,14 @@ class AutoBackend(BaseBackend):
         keys = redis.due_keys(now, task_names) if redis is not None else []
         return list(dict.fromkeys(keys + self.database.due_keys(now, task_names)))
 
-    def recover(self, *, grace):
+    def recover(self, *, grace, adopt=()):
         redis = self._usable()
-        out = redis.recover(grace=grace) if redis is not None else []
-        return out + self.database.recover(grace=grace)
+        if redis is None:
+            return self.database.recover(grace=grace)
+        out = redis.recover(grace=grace)
+        # Flights whose Redis state is gone (Redis restarted empty) run from the durable record.
+        gone = redis.missing(redis.live_hashes())
+        return out + self.database.recover(grace=grace, adopt=gone)
 
     def live_state(self, key_hash):
         redis = self._usable()

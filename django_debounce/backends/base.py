@@ -99,7 +99,7 @@ class BaseBackend:
         """``(task_name, key_hash)`` of keys whose flight is due at ``now`` (for ``run_due``)."""
         raise NotImplementedError
 
-    def recover(self, *, grace: float) -> list[tuple[str, Dispatch]]:
+    def recover(self, *, grace: float, adopt: Any = ()) -> list[tuple[str, Dispatch]]:
         """Step 5: redo runs whose lease ran out and re-dispatch flights whose message is
         overdue by more than ``grace`` seconds. Returns ``(task_name, dispatch)`` to publish."""
         raise NotImplementedError

@@ -17,7 +17,7 @@ import time
 from datetime import datetime, timedelta
 
 from django.db import connections, router, transaction
-from django.db.models import F, Value
+from django.db.models import F, Q, Value
 from django.db.models.functions import Now
 from django.utils import timezone
 
@@ -99,7 +99,10 @@ class DatabaseBackend(BaseBackend):
         if row.running_until is None or row.running_until > now:
             return
         DebounceRun.objects.using(self.alias).filter(
-            debounce_key_id=row.pk, run_id=row.run_id, outcome=DebounceRun.Outcome.RUNNING
+            debounce_key_id=row.pk,
+            store=row.store,
+            run_id=row.run_id,
+            outcome=DebounceRun.Outcome.RUNNING,
         ).update(outcome=DebounceRun.Outcome.LOST, finished_at=now, error="lease ran out")
         claimed = row.run_triggers
         row.runs = max(row.runs - 1, 0)
@@ -276,6 +279,7 @@ class DatabaseBackend(BaseBackend):
             self._save(row)
             DebounceRun.objects.using(self.alias).create(
                 debounce_key_id=row.pk,
+                store="database",
                 task_name=row.task_name,
                 flight_id=claim.flight_id,
                 run_id=claim.run_id,
@@ -325,7 +329,10 @@ class DatabaseBackend(BaseBackend):
             if row is None:
                 return None
             DebounceRun.objects.using(self.alias).filter(
-                debounce_key_id=row.pk, run_id=run_id, outcome=DebounceRun.Outcome.RUNNING
+                debounce_key_id=row.pk,
+                store="database",
+                run_id=run_id,
+                outcome=DebounceRun.Outcome.RUNNING,
             ).update(outcome=outcome, finished_at=now, error=error)
             if row.run_id != run_id or row.running_until is None:
                 return None  # a late finisher after its lease ran out changes nothing
@@ -407,9 +414,14 @@ class DatabaseBackend(BaseBackend):
             qs = qs.filter(task_name__in=task_names)
         return list(qs.order_by("due_at").values_list("task_name", "key_hash"))
 
-    def recover(self, *, grace):
+    def recover(self, *, grace, adopt=()):
+        """Step 5 on rows this store owns, plus ``adopt``: key hashes of rows mirrored from
+        Redis whose Redis state is gone (a Redis restarted empty); those flights are then run
+        from their durable record."""
         out: list[tuple[str, Dispatch]] = []
-        qs = DebounceKey.objects.using(self.alias)
+        qs = DebounceKey.objects.using(self.alias).filter(
+            Q(store="database") | Q(key_hash__in=list(adopt))
+        )
         cutoff = timezone.now() - timedelta(seconds=grace)
         candidates = (
             list(qs.filter(running_until__lt=timezone.now()).values_list("key_hash", flat=True))

@@ -22,7 +22,10 @@ from functools import cached_property
 from importlib import resources
 from typing import Any
 
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from django.db import IntegrityError, router, transaction
+from django.utils import timezone
 from redis.exceptions import NoScriptError
 
 from django_debounce import conf
@@ -74,9 +77,21 @@ class RedisBackend(BaseBackend):
 
     @cached_property
     def client(self) -> Any:
+        """The redis-py client of the django-redis cache ``DEBOUNCE_CACHE_ALIAS``.
+
+        Raises ``ImproperlyConfigured`` when that cache is not a django-redis cache.
+        """
+        alias = conf.get("CACHE_ALIAS")
+        backend = settings.CACHES.get(alias, {}).get("BACKEND", "")
+        if not backend.startswith("django_redis."):
+            raise ImproperlyConfigured(
+                f"DEBOUNCE_BACKEND='redis' needs DEBOUNCE_CACHE_ALIAS={alias!r} to be a "
+                f"django-redis cache (django_redis.cache.RedisCache), not {backend!r}. "
+                "Configure one, or use DEBOUNCE_BACKEND='auto' or 'database'."
+            )
         from django_redis import get_redis_connection
 
-        return get_redis_connection(conf.get("CACHE_ALIAS"))
+        return get_redis_connection(alias)
 
     @cached_property
     def scripts(self) -> dict[str, Any]:
@@ -152,6 +167,7 @@ class RedisBackend(BaseBackend):
         }
         fields = {
             "store": "redis",
+            "updated_at": timezone.now(),
             "merge_until": None,  # the database store's hot path must not touch this row
             "state": (
                 DebounceKey.State.RUNNING
@@ -214,8 +230,13 @@ class RedisBackend(BaseBackend):
 
     def _mark_lost(self, key_hash: str, run_id: int) -> None:
         DebounceRun.objects.using(self.alias).filter(
-            debounce_key__key_hash=key_hash, run_id=run_id, outcome=DebounceRun.Outcome.RUNNING
-        ).update(outcome=DebounceRun.Outcome.LOST, error="lease ran out")
+            debounce_key__key_hash=key_hash,
+            store="redis",
+            run_id=run_id,
+            outcome=DebounceRun.Outcome.RUNNING,
+        ).update(
+            outcome=DebounceRun.Outcome.LOST, finished_at=timezone.now(), error="lease ran out"
+        )
 
     # -- operations -----------------------------------------------------------------------
 
@@ -352,6 +373,7 @@ class RedisBackend(BaseBackend):
                 with transaction.atomic(using=self.alias):
                     DebounceRun.objects.using(self.alias).create(
                         debounce_key_id=row,
+                        store="redis",
                         task_name=claim.task_name,
                         flight_id=claim.flight_id,
                         run_id=claim.run_id,
@@ -376,7 +398,10 @@ class RedisBackend(BaseBackend):
         )
         finished_at = _dt(now)
         DebounceRun.objects.using(self.alias).filter(
-            debounce_key__key_hash=key_hash, run_id=run_id, outcome=DebounceRun.Outcome.RUNNING
+            debounce_key__key_hash=key_hash,
+            store="redis",
+            run_id=run_id,
+            outcome=DebounceRun.Outcome.RUNNING,
         ).update(
             outcome=DebounceRun.Outcome.SUCCESS if ok else DebounceRun.Outcome.FAILURE,
             finished_at=finished_at,
@@ -439,7 +464,20 @@ class RedisBackend(BaseBackend):
                 out.append((task_name, h))
         return out
 
-    def recover(self, *, grace):
+    def missing(self, key_hashes: list[str]) -> list[str]:
+        """Key hashes whose state is not in Redis (expired, or Redis restarted empty)."""
+        if not key_hashes:
+            return []
+        pipe = self.client.pipeline(transaction=False)
+        for h in key_hashes:
+            pipe.exists(redis_key(h))
+        return [h for h, n in zip(key_hashes, pipe.execute(), strict=True) if not n]
+
+    def live_hashes(self) -> list[str]:
+        """Key hashes of rows mirrored from Redis that are not idle."""
+        return [h for _t, h in self._live()]
+
+    def recover(self, *, grace, adopt=()):
         _grace, ttl = self._limits()
         out: list[tuple[str, Dispatch]] = []
         for task_name, h in self._live():

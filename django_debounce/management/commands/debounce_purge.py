@@ -9,11 +9,10 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DEFAULT_DB_ALIAS
 from django.utils import timezone
 
-from django_debounce import conf, durations
-from django_debounce.backends import get_backend
-from django_debounce.dispatch import publish_quietly
+from django_debounce import durations
 from django_debounce.exceptions import UnknownTask
 from django_debounce.models import DebounceKey, DebounceRun
+from django_debounce.recovery import recover
 from django_debounce.testing import get_debounced_task
 
 
@@ -73,17 +72,7 @@ class Command(BaseCommand):
             keys, runs = keys.filter(task_name=task), runs.filter(task_name=task)
         cutoff = timezone.now() - age
         dry = options["dry_run"]
-        recovered = 0
-        if not dry:
-            grace = float(conf.get("DISPATCH_GRACE"))
-            for task_name, dispatch in get_backend().recover(grace=grace):
-                if task and task_name != task:
-                    continue
-                try:
-                    publish_quietly(get_debounced_task(task_name), dispatch)
-                    recovered += 1
-                except UnknownTask as exc:
-                    self.stderr.write(f"skipped a flight of {task_name!r}: {exc}")
+        recovered = 0 if dry else recover(task)
         batch = options["batch_size"]
         n_runs = runs.delete_expired(cutoff, batch_size=batch, dry_run=dry)
         n_keys = keys.delete_stale(cutoff, batch_size=batch, dry_run=dry)
