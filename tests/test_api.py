@@ -160,3 +160,43 @@ def test_check_w002_for_deferred_sqlite():
 def test_no_missing_migrations():
     out = io.StringIO()
     call_command("makemigrations", "django_debounce", "--check", "--dry-run", stdout=out)
+
+
+@pytest.mark.django_db
+def test_plain_call_of_a_body_declaring_debounce_gets_none():
+    # record(tag, sleep=0, note="", *, debounce) called as the worker runs a .delay() message
+    record("plain")
+    log = RunLog.objects.get(tag="plain")
+    assert log.triggers is None and log.key == ""
+
+
+def test_receiver_refuses_rows_of_another_model():
+    from tests.testapp.models import Item, OtherItem
+    from tests.testapp.tasks import item_saved
+
+    with pytest.raises(TypeError, match="testapp.Item"):
+        item_saved.trigger(OtherItem(pk=1))
+    with pytest.raises(TypeError, match="testapp.Item"):
+        item_saved.trigger(OtherItem, 1)
+    assert item_saved.resolve((Item(pk=3),), {})[0] == "testapp.item:3"
+
+
+def test_misspelt_option_is_a_type_error_with_a_suggestion():
+    with pytest.raises(TypeError, match="'wait'"):
+        debounced_task(wiat=1)
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_non_finite_durations_are_refused(value):
+    with pytest.raises(ImproperlyConfigured, match="finite"):
+        debounced_task(wait=value)
+
+
+def test_wrong_trigger_arguments_name_the_task():
+    with pytest.raises(TypeError, match="testapp.record.trigger"):
+        record.trigger(1, 2, 3, 4)
+
+
+def test_check_e001_for_a_class_that_is_not_a_backend():
+    with override_settings(DEBOUNCE_BACKEND="django_debounce.models.DebounceKey"):
+        assert [m.id for m in check_backend()] == ["django_debounce.E001"]
