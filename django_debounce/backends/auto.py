@@ -152,12 +152,18 @@ class AutoBackend(BaseBackend):
             dispatch = redis.flush(key_hash)
             if dispatch is not None:
                 return dispatch
-        return self.database.flush(key_hash)
+        # The row is the database store's state only when that store owns it; a row mirrored
+        # from Redis is a record, not a flight.
+        if redis is None or self._database_owns(key_hash):
+            return self.database.flush(key_hash)
+        return None
 
     def cancel(self, key_hash):
         redis = self._usable()
         dropped = redis.cancel(key_hash) if redis is not None else 0
-        return dropped + self.database.cancel(key_hash)
+        if redis is None or self._database_owns(key_hash):
+            dropped += self.database.cancel(key_hash)
+        return dropped
 
     def due_keys(self, now=None, task_names=None):
         redis = self._usable()

@@ -13,6 +13,7 @@ Times come from the database's clock (``Now()``: ``STATEMENT_TIMESTAMP()`` on Po
 from __future__ import annotations
 
 import json
+import logging
 import time
 from datetime import datetime, timedelta
 
@@ -32,6 +33,7 @@ from django_debounce.state import (
 )
 
 State = DebounceKey.State
+logger = logging.getLogger("django_debounce")
 
 
 def _seconds(delta: timedelta) -> float:
@@ -114,8 +116,9 @@ class DatabaseBackend(BaseBackend):
             row.payload = row.run_payload
             row.due_at = now
         else:
+            # Newer triggers keep their quiet period (I3); the lost run's triggers are older
+            # and are covered when this flight runs.
             row.first_trigger_at = min(row.first_trigger_at, row.run_first_trigger_at or now)
-            row.due_at = min(row.due_at, now)
         row.pending += claimed
         row.running_until = None
         row.run_triggers = 0
@@ -189,6 +192,7 @@ class DatabaseBackend(BaseBackend):
                 "payload": row.payload,
                 "last_trigger_at": row.last_trigger_at,
                 "due_at": row.due_at,
+                "at": now,
             }
             if row.pending == 0:
                 row.flight_id += 1
@@ -241,10 +245,14 @@ class DatabaseBackend(BaseBackend):
                 row.flight_id -= 1 if undo["opened"] else 0
                 row.first_trigger_at = row.last_trigger_at = row.due_at = None
                 row.payload = None
-            else:
+            elif row.last_trigger_at == undo["at"] and undo["due_at"] is not None:
+                # No trigger came after the one taken back: the flight is as it was before it.
                 row.payload = undo["payload"]
                 row.last_trigger_at = undo["last_trigger_at"]
                 row.due_at = undo["due_at"]
+            # Otherwise later triggers merged meanwhile (believing a message was out): they keep
+            # their payload and due time, and with no message outstanding now, the next trigger
+            # or recovery publishes one for them.
             self._save(row)
 
     def fire(self, key_hash, seq, *, overlap, lease, now=None, store=None):
@@ -263,6 +271,8 @@ class DatabaseBackend(BaseBackend):
                 row.scheduled = False
                 self._save(row)
                 return FireDecision(FireAction.DROP)
+            if row.due_at is None:
+                row.due_at = now  # defensive: a pending flight always has a due time
             if now < row.due_at:
                 dispatch = self._schedule(row, row.due_at, now)
                 self._save(row)
@@ -343,7 +353,7 @@ class DatabaseBackend(BaseBackend):
             row.last_outcome = outcome
             dispatch = None
             if row.pending:
-                at = max(row.due_at, now)
+                at = max(row.due_at or now, now)
                 if not row.scheduled or row.scheduled_at is None or row.scheduled_at > at:
                     dispatch = self._schedule(row, at, now)
             self._save(row)
@@ -367,7 +377,7 @@ class DatabaseBackend(BaseBackend):
                 if current:
                     row.watchdog_at = None
                 if row.pending and not row.scheduled:
-                    dispatch = self._schedule(row, max(row.due_at, now), now)
+                    dispatch = self._schedule(row, max(row.due_at or now, now), now)
             self._save(row)
         return dispatch
 
@@ -437,19 +447,31 @@ class DatabaseBackend(BaseBackend):
             )
         )
         for key_hash in dict.fromkeys(candidates):
-            with transaction.atomic(using=self.alias):
-                row, now = self._lock(key_hash)
-                if row is None:
-                    continue
-                self._recover_lease(row, now)
-                overdue = (
-                    row.scheduled
-                    and row.scheduled_at is not None
-                    and row.scheduled_at + timedelta(seconds=grace) < now
-                )
-                if row.pending and row.running_until is None and (not row.scheduled or overdue):
-                    out.append((row.task_name, self._schedule(row, max(row.due_at, now), now)))
-                self._save(row)
+            try:
+                dispatch = self._recover_one(key_hash, grace)
+            except Exception:  # one bad row must not stop the recovery of every other key
+                logger.exception("django_debounce: recovery of key %s failed", key_hash)
+                continue
+            if dispatch is not None:
+                out.append(dispatch)
+        return out
+
+    def _recover_one(self, key_hash: str, grace: float) -> tuple[str, Dispatch] | None:
+        out = None
+        with transaction.atomic(using=self.alias):
+            row, now = self._lock(key_hash)
+            if row is None:
+                return None
+            self._recover_lease(row, now)
+            overdue = (
+                row.scheduled
+                and row.scheduled_at is not None
+                and row.scheduled_at + timedelta(seconds=grace) < now
+            )
+            if row.pending and row.running_until is None and (not row.scheduled or overdue):
+                at = max(row.due_at or now, now)
+                out = (row.task_name, self._schedule(row, at, now))
+            self._save(row)
         return out
 
     def live_state(self, key_hash):

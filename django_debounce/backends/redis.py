@@ -24,7 +24,7 @@ from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
-from django.db import IntegrityError, router, transaction
+from django.db import DatabaseError, router, transaction
 from django.utils import timezone
 from redis.exceptions import NoScriptError
 
@@ -139,9 +139,20 @@ class RedisBackend(BaseBackend):
 
     def _record(self, key_hash: str, snap: list[Any], *, lost_run: int = 0) -> None:
         """Mirror a Redis snapshot into the ``DebounceKey`` row (skipped while the database
-        store holds a live flight of this key after a Redis outage)."""
+        store holds a live flight of this key after a Redis outage).
+
+        Best effort: Redis has already committed the step, so a database error here is logged
+        and the caller goes on (publishes its message, runs its body); the next transition
+        writes the record again.
+        """
         if not snap:
             return
+        try:
+            self._write_record(key_hash, snap, lost_run)
+        except DatabaseError:
+            logger.exception("django_debounce: could not mirror key %s to the database", key_hash)
+
+    def _write_record(self, key_hash: str, snap: list[Any], lost_run: int) -> None:
         raw = {_s(snap[i]): _s(snap[i + 1]) for i in range(0, len(snap), 2)}
         num = {
             name: int(raw.get(name) or 0)
@@ -292,6 +303,7 @@ class RedisBackend(BaseBackend):
             scheduled=kind == "fire",
         )
         undo = {
+            "at": int(_now),
             "opened": int(opened),
             "payload": _s(prev_pl),
             "last": int(prev_lt),
@@ -301,7 +313,7 @@ class RedisBackend(BaseBackend):
 
     def abort_trigger(self, key_hash, seq, undo):
         grace, ttl = self._limits()
-        self._run(
+        out = self._run(
             "abort",
             redis_key(key_hash),
             [
@@ -313,8 +325,11 @@ class RedisBackend(BaseBackend):
                 grace,
                 ttl,
                 undo.get("kind", "fire"),
+                undo["at"],
             ],
         )
+        if int(out[0]):
+            self._record(key_hash, out[1])
 
     def fire(self, key_hash, seq, *, overlap, lease, now=None, store=None):
         grace, ttl = self._limits()
@@ -384,7 +399,7 @@ class RedisBackend(BaseBackend):
                         started_at=claim.started_at,
                         delay=max((claim.started_at - claim.last_trigger_at).total_seconds(), 0.0),
                     )
-            except IntegrityError:
+            except DatabaseError:
                 # The claim stands (the body must run); only its history row is missing.
                 logger.error(
                     "django_debounce: run %s of %s already recorded", claim.run_id, claim.key
@@ -396,17 +411,19 @@ class RedisBackend(BaseBackend):
         applied, seq, countdown, now, snap = self._run(
             "finish", redis_key(key_hash), [run_id, int(ok), grace, ttl]
         )
-        finished_at = _dt(now)
-        DebounceRun.objects.using(self.alias).filter(
-            debounce_key__key_hash=key_hash,
-            store="redis",
-            run_id=run_id,
-            outcome=DebounceRun.Outcome.RUNNING,
-        ).update(
-            outcome=DebounceRun.Outcome.SUCCESS if ok else DebounceRun.Outcome.FAILURE,
-            finished_at=finished_at,
-            error=error,
-        )
+        try:
+            DebounceRun.objects.using(self.alias).filter(
+                debounce_key__key_hash=key_hash,
+                store="redis",
+                run_id=run_id,
+                outcome=DebounceRun.Outcome.RUNNING,
+            ).update(
+                outcome=DebounceRun.Outcome.SUCCESS if ok else DebounceRun.Outcome.FAILURE,
+                finished_at=_dt(now),
+                error=error,
+            )
+        except DatabaseError:  # Redis has the finish; the follow-up must still be published
+            logger.exception("django_debounce: could not record the end of run %s", run_id)
         if not int(applied):
             return None
         self._record(key_hash, snap)
@@ -481,7 +498,13 @@ class RedisBackend(BaseBackend):
         _grace, ttl = self._limits()
         out: list[tuple[str, Dispatch]] = []
         for task_name, h in self._live():
-            lost, seq, countdown, snap = self._run("recover", redis_key(h), [int(grace * US), ttl])
+            try:
+                lost, seq, countdown, snap = self._run(
+                    "recover", redis_key(h), [int(grace * US), ttl]
+                )
+            except Exception:  # one bad key must not stop the recovery of every other key
+                logger.exception("django_debounce: recovery of key %s failed", h)
+                continue
             self._record(h, snap, lost_run=int(lost))
             if int(seq):
                 out.append((task_name, Dispatch(h, int(seq), int(countdown) / US, self.store)))

@@ -64,8 +64,8 @@ local function recover_lease(h, s, now)
     s.d = now
     redis.call('HSET', h, 'pl', redis.call('HGET', h, 'rp') or '')
   else
+    -- newer triggers keep their quiet period (I3); the lost run's triggers are older
     s.ft = math.min(s.ft, s.rf)
-    s.d = math.min(s.d, now)
   end
   s.p = s.p + claimed
   s.wa = 0

@@ -1,0 +1,87 @@
+"""Edge sequences of the state machine, driven on each real store directly (no worker):
+a publish that fails while other triggers merge, and a lease lost just after a trigger."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from django_debounce.backends import get_backend
+from django_debounce.state import FireAction
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+H = "e" * 64
+
+
+def trig(backend, payload, *, wait=0.3, key_hash=H):
+    return backend.trigger(
+        task_name="testapp.record",
+        key="edge",
+        key_hash=key_hash,
+        payload={"args": [payload], "kwargs": {}},
+        wait=wait,
+        max_wait=None,
+    )
+
+
+def test_abort_keeps_a_trigger_that_merged_while_the_publish_failed(store):
+    backend = get_backend()
+    _a, dispatch_a, undo_a = trig(backend, "a")
+    _b, dispatch_b, _undo_b = trig(backend, "b")
+    assert dispatch_a is not None and dispatch_b is None  # b merged: "a message is out"
+    backend.abort_trigger(H, dispatch_a.seq, {**undo_a, "kind": dispatch_a.kind})
+    live = backend.live_state(H)
+    assert (live["pending"], live["triggers"]) == (1, 1)
+    # b is not stranded: recovery publishes a message for it, and its run gets b's payload
+    ((task_name, dispatch),) = backend.recover(grace=60)
+    assert task_name == "testapp.record" and dispatch.key_hash == H
+    decision = backend.fire(H, dispatch.seq, overlap=False, lease=60, store=dispatch.store)
+    while decision.action is FireAction.REARM:
+        time.sleep(decision.dispatch.countdown)  # the flight's own quiet period
+        decision = backend.fire(H, decision.dispatch.seq, overlap=False, lease=60)
+    assert decision.action is FireAction.CLAIM
+    assert decision.claim.payload == {"args": ["b"], "kwargs": {}}
+    assert decision.claim.triggers == 1
+
+
+def test_abort_of_the_only_trigger_leaves_no_flight(store):
+    backend = get_backend()
+    _a, dispatch, undo = trig(backend, "a")
+    backend.abort_trigger(H, dispatch.seq, {**undo, "kind": dispatch.kind})
+    live = backend.live_state(H)
+    assert (live["pending"], live["triggers"], live["flight_id"]) == (0, 0, 0)
+    _again, dispatch_again, _undo = trig(backend, "a2")
+    assert dispatch_again is not None  # the next trigger publishes afresh (I8)
+
+
+def test_abort_of_a_watchdog_trigger_keeps_the_later_trigger_and_its_quiet_period(store):
+    backend = get_backend()
+    trig(backend, "a", wait=0)
+    claim = backend.fire(H, None, overlap=False, lease=60).claim
+    assert claim is not None
+    _b, watchdog, undo_b = trig(backend, "b", wait=5)  # during the run: a lease watchdog
+    assert watchdog is not None and watchdog.kind == "watch"
+    _c, dispatch_c, _undo_c = trig(backend, "c", wait=5)
+    assert dispatch_c is None  # merged: the watchdog is parked
+    backend.abort_trigger(H, watchdog.seq, {**undo_b, "kind": "watch"})
+    assert backend.live_state(H)["pending"] == 1
+    follow = backend.finish(H, claim.run_id, ok=True)
+    assert follow is not None and follow.kind == "fire"
+    assert follow.countdown > 3  # c's quiet period of 5 s, not at once
+
+
+def test_lease_lost_just_after_a_trigger_keeps_that_trigger_quiet_period(store):
+    backend = get_backend()
+    trig(backend, "a", wait=0)
+    claim = backend.fire(H, None, overlap=False, lease=0.5).claim
+    assert claim is not None
+    lease_end = time.monotonic() + 0.5
+    time.sleep(max(0.0, lease_end - 0.15 - time.monotonic()))
+    trig(backend, "b", wait=1.0)  # due about 0.85 s after the lease ends
+    time.sleep(max(0.0, lease_end + 0.1 - time.monotonic()))
+    backend.recover(grace=60)  # the run is lost: its trigger goes back to pending
+    decision = backend.fire(H, None, overlap=False, lease=60)
+    assert decision.action is FireAction.REARM  # not claimed before b's due time (I3)
+    assert decision.dispatch.countdown > 0.3
