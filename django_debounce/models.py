@@ -41,19 +41,9 @@ class DebounceKeyQuerySet(models.QuerySet):
     def delete_stale(
         self, cutoff: datetime, *, batch_size: int = 1000, dry_run: bool = False
     ) -> int:
-        """Delete ``stale(cutoff)`` keys and their run history in batches; returns the count
-        of keys (that would be) deleted."""
-        keys = self.stale(cutoff)
-        if dry_run:
-            return keys.count()
-        deleted = 0
-        while True:
-            pks = list(keys.values_list("pk", flat=True)[:batch_size])
-            if not pks:
-                return deleted
-            DebounceRun.objects.using(self.db).filter(debounce_key_id__in=pks).delete()
-            _total, per_model = DebounceKey.objects.using(self.db).filter(pk__in=pks).delete()
-            deleted += per_model.get(DebounceKey._meta.label, 0)
+        """Delete ``stale(cutoff)`` keys and their run history (by cascade) in batches;
+        returns the count of keys (that would be) deleted."""
+        return _delete_in_batches(self.stale(cutoff), batch_size, dry_run)
 
 
 class DebounceRunQuerySet(models.QuerySet):
