@@ -230,6 +230,14 @@ class DebouncedTask(Task):
 
     # -- worker side ----------------------------------------------------------------------
 
+    def apply_async(self, args: Any = None, kwargs: Any = None, *rest: Any, **options: Any) -> Any:
+        """Celery's ``apply_async``; a plain call (not a dispatch message) has its arguments
+        checked against the body's signature at call time, as Celery does for ordinary tasks
+        (``typing`` is off only so that dispatch messages may carry their reserved keyword)."""
+        if not (kwargs and DISPATCH_KWARG in kwargs):
+            self._binder.sig.bind(*(args or ()), **(kwargs or {}))
+        return super().apply_async(args, kwargs, *rest, **options)
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         message = kwargs.pop(DISPATCH_KWARG, None)
         if message is None:

@@ -200,3 +200,10 @@ def test_wrong_trigger_arguments_name_the_task():
 def test_check_e001_for_a_class_that_is_not_a_backend():
     with override_settings(DEBOUNCE_BACKEND="django_debounce.models.DebounceKey"):
         assert [m.id for m in check_backend()] == ["django_debounce.E001"]
+
+
+def test_plain_delay_checks_arguments_at_call_time():
+    with pytest.raises(TypeError):
+        record.delay("tag", 1, "note", "one too many")
+    with pytest.raises(TypeError):
+        record.delay(nope=1)
