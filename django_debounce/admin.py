@@ -1,17 +1,21 @@
-"""Read-only admin pages for keys and runs (operator actions come with the admin issue)."""
+"""Admin pages for keys and runs: read-only, with operator actions that need change permission."""
 
 from __future__ import annotations
 
 import logging
 from typing import Any
 
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.contrib.admin.views.main import ChangeList
+from django.contrib.auth import get_permission_codename
 from django.http import HttpRequest
+from django.utils import timezone
 
 from django_debounce import conf
 from django_debounce.backends import get_backend
+from django_debounce.exceptions import UnknownTask
 from django_debounce.models import DebounceKey, DebounceRun
+from django_debounce.tasks import get_debounced_task
 
 logger = logging.getLogger("django_debounce")
 
@@ -86,6 +90,46 @@ class DebounceKeyAdmin(ReadOnlyAdmin):
     search_fields = ("key", "task_name")
     readonly_fields = ["live_pending", *(f.name for f in DebounceKey._meta.fields)]
     inlines = [DebounceRunInline]
+    actions = ["run_now", "cancel_pending", "purge_idle"]
+
+    def has_operate_permission(self, request: HttpRequest) -> bool:
+        """Operator actions need the model's change permission; the page itself stays
+        read-only (the state is the stores' to change, never a form's)."""
+        opts = self.opts
+        codename = get_permission_codename("change", opts)
+        return bool(request.user.has_perm(f"{opts.app_label}.{codename}"))
+
+    def _tasks(self, request: HttpRequest, queryset: Any) -> list[tuple[Any, DebounceKey]]:
+        """Selected rows with their task; a task name that is not a registered debounced
+        task is never dispatched."""
+        out = []
+        for row in queryset:
+            try:
+                out.append((get_debounced_task(row.task_name), row))
+            except UnknownTask as exc:
+                self.message_user(request, str(exc), messages.WARNING)
+        return out
+
+    @admin.action(description="Run now", permissions=["operate"])
+    def run_now(self, request: HttpRequest, queryset: Any) -> None:
+        count = sum(
+            1 for task, row in self._tasks(request, queryset) if task.flush_key(row.key_hash)
+        )
+        self.message_user(request, f"{count} key(s) with pending triggers will run now.")
+
+    @admin.action(description="Cancel pending triggers", permissions=["operate"])
+    def cancel_pending(self, request: HttpRequest, queryset: Any) -> None:
+        keys = dropped = 0
+        for task, row in self._tasks(request, queryset):
+            n = task.get_backend().cancel(row.key_hash)
+            keys += 1 if n else 0
+            dropped += n
+        self.message_user(request, f"Cancelled {dropped} pending trigger(s) on {keys} key(s).")
+
+    @admin.action(description="Purge idle keys", permissions=["operate"])
+    def purge_idle(self, request: HttpRequest, queryset: Any) -> None:
+        deleted = queryset.delete_stale(timezone.now())
+        self.message_user(request, f"Purged {deleted} idle key(s) and their run history.")
 
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
         return LivePendingChangeList

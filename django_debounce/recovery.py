@@ -11,6 +11,7 @@ from django_debounce import conf
 from django_debounce.backends import get_backend
 from django_debounce.dispatch import publish_quietly
 from django_debounce.exceptions import UnknownTask
+from django_debounce.tasks import get_debounced_task
 
 logger = logging.getLogger("django_debounce")
 
@@ -19,8 +20,6 @@ def recover(task_name: str | None = None) -> int:
     """Redo runs whose lease ran out and re-dispatch flights whose message is overdue by more
     than ``DEBOUNCE_DISPATCH_GRACE`` seconds (or was never published). Only tasks registered
     as debounced tasks are dispatched. Returns how many messages were published."""
-    from django_debounce.testing import get_debounced_task
-
     published = 0
     for name, dispatch in get_backend().recover(grace=float(conf.get("DISPATCH_GRACE"))):
         if task_name and name != task_name:

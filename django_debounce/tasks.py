@@ -20,7 +20,7 @@ from django_debounce import conf
 from django_debounce.backends import get_backend
 from django_debounce.backends.base import BaseBackend
 from django_debounce.dispatch import DISPATCH_KWARG, is_eager, publish, publish_quietly
-from django_debounce.exceptions import PublishError
+from django_debounce.exceptions import PublishError, UnknownTask
 from django_debounce.keys import (
     RESERVED_PARAMETER,
     PayloadBinder,
@@ -348,3 +348,20 @@ class DebouncedTask(Task):
             return
         if follow is not None:
             publish_quietly(self, follow)
+
+
+def get_debounced_task(name: str) -> Any:
+    """The registered ``DebouncedTask`` called ``name``.
+
+    Raises ``UnknownTask`` for names that are not registered debounced tasks, so a name read
+    from the database never dispatches an arbitrary task.
+    """
+    from celery import current_app
+
+    task = current_app.tasks.get(name)
+    if not isinstance(task, DebouncedTask):
+        raise UnknownTask(
+            f"{name!r} is not a registered debounced task in Celery app {current_app.main!r}; "
+            "import the module that defines it, or purge its keys with debounce_purge."
+        )
+    return task

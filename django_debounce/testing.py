@@ -11,27 +11,8 @@ from datetime import datetime
 from typing import Any
 
 from django_debounce.backends import get_backend
-from django_debounce.exceptions import UnknownTask
 from django_debounce.state import FireAction
-
-
-def get_debounced_task(name: str) -> Any:
-    """The registered ``DebouncedTask`` called ``name``.
-
-    Raises ``UnknownTask`` for names that are not registered debounced tasks, so a name read
-    from the database never dispatches an arbitrary task.
-    """
-    from celery import current_app
-
-    from django_debounce.tasks import DebouncedTask
-
-    task = current_app.tasks.get(name)
-    if not isinstance(task, DebouncedTask):
-        raise UnknownTask(
-            f"{name!r} is not a registered debounced task in Celery app {current_app.main!r}; "
-            "import the module that defines it, or purge its keys with debounce_purge."
-        )
-    return task
+from django_debounce.tasks import get_debounced_task
 
 
 def run_due(now: datetime | None = None, *, backend: str | None = None) -> int:

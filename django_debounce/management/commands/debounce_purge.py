@@ -13,7 +13,7 @@ from django_debounce import durations
 from django_debounce.exceptions import UnknownTask
 from django_debounce.models import DebounceKey, DebounceRun
 from django_debounce.recovery import recover
-from django_debounce.testing import get_debounced_task
+from django_debounce.tasks import get_debounced_task
 
 
 class Command(BaseCommand):
