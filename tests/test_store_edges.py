@@ -4,10 +4,13 @@ a publish that fails while other triggers merge, and a lease lost just after a t
 from __future__ import annotations
 
 import time
+from datetime import timedelta
 
 import pytest
+from django.utils import timezone
 
 from django_debounce.backends import get_backend
+from django_debounce.keys import dumps
 from django_debounce.state import FireAction
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -85,3 +88,46 @@ def test_lease_lost_just_after_a_trigger_keeps_that_trigger_quiet_period(store):
     decision = backend.fire(H, None, overlap=False, lease=60)
     assert decision.action is FireAction.REARM  # not claimed before b's due time (I3)
     assert decision.dispatch.countdown > 0.3
+
+
+def collect(backend, item, *, limit=10):
+    return backend.trigger(
+        task_name="testapp.record",
+        key="edge",
+        key_hash=H,
+        payload=item,
+        payload_json=dumps(item),
+        wait=0.3,
+        max_wait=None,
+        collect_limit=limit,
+    )
+
+
+def claim_all(backend):
+    later = timezone.now() + timedelta(seconds=5)
+    decision = backend.fire(H, None, overlap=False, lease=60, now=later, collect_limit=10)
+    assert decision.action is FireAction.CLAIM
+    return decision.claim
+
+
+def test_abort_keeps_an_item_that_a_merged_trigger_sent_again(store):
+    # Found by the property test: a collected item 5 whose trigger's publish failed was
+    # removed although a trigger that merged meanwhile had sent 5 again; that trigger's
+    # item was lost (I1). The item stays now; an item no one sent again still goes (I8).
+    backend = get_backend()
+    _a, dispatch, undo = collect(backend, 5)
+    collect(backend, 7)
+    collect(backend, 5)  # merged: 5 is already in the flight
+    backend.abort_trigger(H, dispatch.seq, {**undo, "kind": dispatch.kind})
+    assert backend.live_state(H)["pending"] == 2
+    claim = claim_all(backend)
+    assert sorted(claim.payload) == [5, 7] and claim.triggers == 2
+
+
+def test_abort_removes_the_item_no_merged_trigger_sent_again(store):
+    backend = get_backend()
+    _a, dispatch, undo = collect(backend, 5)
+    collect(backend, 7)
+    backend.abort_trigger(H, dispatch.seq, {**undo, "kind": dispatch.kind})
+    claim = claim_all(backend)
+    assert claim.payload == [7] and claim.triggers == 1

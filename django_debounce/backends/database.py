@@ -316,8 +316,14 @@ class DatabaseBackend(BaseBackend):
                 row.last_trigger_at = undo["last_trigger_at"]
                 row.due_at = undo["due_at"]
                 row.due_fixed = undo.get("due_fixed", row.due_fixed)
-            elif undo.get("added") and isinstance(row.payload, list) and row.payload:
-                # Later triggers merged meanwhile: only the item this trigger added goes.
+            elif (
+                undo.get("added")
+                and isinstance(row.payload, list)
+                and len(row.payload) == row.pending + 1
+            ):
+                # Later triggers merged meanwhile, each adding an item of its own (one item per
+                # pending trigger), so none sent this item again: only it goes. Otherwise one
+                # may have, and the item stays (a run of it rather than a trigger lost, I1).
                 row.payload = [i for i in row.payload if dumps(i) != dumps(undo["item"])]
             # Otherwise later triggers merged meanwhile (believing a message was out): they keep
             # their payload and due time, and with no message outstanding now, the next trigger
