@@ -98,7 +98,11 @@ s.T = s.T + 1
 s.lt = now
 local full, added = false, 0
 if s.cl > 0 then
-  added = redis.call('ZADD', KEYS[2], 'NX', s.T, ARGV[2])
+  -- scores keep the trigger order; T goes back when a trigger is taken back (abort), so
+  -- they come from a counter of their own ('cs'), which only grows
+  local score = math.max(s.T, (tonumber(redis.call('HGET', h, 'cs')) or 0) + 1)
+  redis.call('HSET', h, 'cs', fmt(score))
+  added = redis.call('ZADD', KEYS[2], 'NX', score, ARGV[2])
   full = redis.call('ZCARD', KEYS[2]) >= s.cl
 else
   extra[#extra + 1] = 'pl'
