@@ -144,3 +144,29 @@ def test_collected_items_keep_trigger_order_after_an_abort(store):
     backend.abort_trigger(H, dispatch.seq, {**undo, "kind": dispatch.kind})
     collect(backend, 1)
     assert claim_all(backend).payload == [2, 10, 1]
+
+
+def test_a_trigger_that_makes_the_flight_due_before_its_message_publishes(store):
+    # Found by the property test: the hot paths (Redis's merge in Lua, the one-statement
+    # UPDATE on PostgreSQL) merged a trigger whose flight became due (first trigger +
+    # max_wait) before the outstanding message, here a flush's; the full path publishes a
+    # message for the earlier time, as the contract says.
+    backend = get_backend()
+
+    def trigger(value):
+        return backend.trigger(
+            task_name="testapp.record",
+            key="edge",
+            key_hash=H,
+            payload={"args": [value], "kwargs": {}},
+            wait=0.2,
+            max_wait=0.2,
+        )
+
+    trigger(1)
+    time.sleep(0.3)
+    assert backend.flush(H) is not None  # a message for now
+    time.sleep(0.05)
+    result, dispatch, _undo = trigger(2)  # due at first + max_wait: before the flush's message
+    assert dispatch is not None and dispatch.kind == "fire" and dispatch.countdown == 0
+    assert result.scheduled

@@ -166,12 +166,13 @@ class DatabaseBackend(BaseBackend):
         ``UPDATE ... RETURNING`` (it takes the row lock, like the full path, in one round trip).
 
         Returns ``None`` when the trigger is not a plain merge (new key, no message
-        outstanding, lease or message overdue): the full path then decides.
+        outstanding, lease or message overdue, the flight now due before its message):
+        the full path then decides.
         """
         with connections[alias].cursor() as cursor:
             cursor.execute(
                 _MERGE_SQL.format(table=DebounceKey._meta.db_table),
-                [payload, wait, max_wait, key_hash],
+                [payload, wait, max_wait, key_hash, wait, max_wait],
             )
             return cursor.fetchone()
 
@@ -629,12 +630,18 @@ class DatabaseBackend(BaseBackend):
         )
 
 
+_DUE_SQL = (
+    "LEAST(STATEMENT_TIMESTAMP() + %s * INTERVAL '1 second',"
+    " first_trigger_at + %s * INTERVAL '1 second')"
+)
+# A flight this trigger makes due before its outstanding message (max_wait from an early
+# first trigger) is no plain merge: the full path publishes a message for the earlier time.
 _MERGE_SQL = (
     "UPDATE {table} SET pending = pending + 1, triggers = triggers + 1,"
     " last_trigger_at = STATEMENT_TIMESTAMP(), payload = %s::jsonb,"
-    " due_at = LEAST(STATEMENT_TIMESTAMP() + %s * INTERVAL '1 second',"
-    " first_trigger_at + %s * INTERVAL '1 second')"
+    f" due_at = {_DUE_SQL}"
     " WHERE key_hash = %s AND merge_until > STATEMENT_TIMESTAMP()"
+    f" AND (scheduled_at IS NULL OR {_DUE_SQL} >= scheduled_at)"
     " RETURNING flight_id, pending, due_at"
 )
 

@@ -15,14 +15,20 @@ if now == 0 then
 end
 local grace = tonumber(ARGV[5])
 
--- Hot path: a trigger that only merges into an open flight (see merge_until) reads six
--- fields, writes five, and replies with three numbers.
-local m = redis.call('HMGET', h, 'mu', 'p', 'ft', 'T', 'f', 'x')
-if (tonumber(m[1]) or 0) > now then
-  local p = tonumber(m[2]) + 1
-  local due = now + tonumber(ARGV[3])
+-- Hot path: a trigger that only merges into an open flight (see merge_until) reads seven
+-- fields, writes five, and replies with three numbers. A flight that this trigger makes due
+-- before its outstanding message (max_wait from an early first trigger) takes the full path,
+-- which publishes a message for the earlier time.
+local m = redis.call('HMGET', h, 'mu', 'p', 'ft', 'T', 'f', 'x', 'sa')
+local hot, due = (tonumber(m[1]) or 0) > now, 0
+if hot then
+  due = now + tonumber(ARGV[3])
   local max_wait = tonumber(ARGV[4])
   if max_wait >= 0 then due = math.min(due, tonumber(m[3]) + max_wait) end
+  hot = due >= (tonumber(m[7]) or 0)
+end
+if hot then
+  local p = tonumber(m[2]) + 1
   local ttl_ms = tonumber(ARGV[6])
   local x = tonumber(m[6]) or 0
   if due + grace > x or x - now < ttl_ms * 500 then
