@@ -170,3 +170,23 @@ def test_a_trigger_that_makes_the_flight_due_before_its_message_publishes(store)
     result, dispatch, _undo = trigger(2)  # due at first + max_wait: before the flush's message
     assert dispatch is not None and dispatch.kind == "fire" and dispatch.countdown == 0
     assert result.scheduled
+
+
+def test_a_watchdog_parked_for_a_retried_run_serves_the_next_run(store):
+    # Found by the property test (Redis): a retry (or a lost lease) forgot the watchdog parked
+    # for the run's lease end, so a trigger during the next run published a second one. The
+    # parked one still arrives and re-arms for the live run: no second watchdog is needed.
+    backend = get_backend()
+    trig(backend, "a", wait=0)
+    first = backend.fire(H, None, overlap=False, lease=60).claim
+    _b, watchdog, _undo = trig(backend, "b", wait=0)
+    assert watchdog is not None and watchdog.kind == "watch"
+    follow = backend.finish(H, first.run_id, ok=False, retry_in=0)
+    assert follow is not None
+    second = backend.fire(H, follow.seq, overlap=False, lease=60).claim
+    assert second is not None and second.triggers == 2
+    _c, dispatch, _undo = trig(backend, "c", wait=0)
+    assert dispatch is None  # the parked watchdog covers the live run
+    # it arrives after both leases ran out (a dead worker): the flight is redone (I7)
+    redo = backend.watch(H, watchdog.seq, now=timezone.now() + timedelta(seconds=61))
+    assert redo is not None and redo.kind == "fire"
