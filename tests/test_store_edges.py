@@ -190,3 +190,33 @@ def test_a_watchdog_parked_for_a_retried_run_serves_the_next_run(store):
     # it arrives after both leases ran out (a dead worker): the flight is redone (I7)
     redo = backend.watch(H, watchdog.seq, now=timezone.now() + timedelta(seconds=61))
     assert redo is not None and redo.kind == "fire"
+
+
+def test_abort_of_a_flight_opening_trigger_keeps_the_last_trigger_time(store):
+    # Found by the property test: taking back the trigger that opened a flight cleared the
+    # key's last trigger time, so with leading=True the next trigger, inside the wait of the
+    # key's real last trigger, ran at once as a leading edge; as if the aborted trigger had
+    # not been made (I8), it opens a trailing flight.
+    backend = get_backend()
+
+    def trigger(value):
+        return backend.trigger(
+            task_name="testapp.record",
+            key="edge",
+            key_hash=H,
+            payload={"args": [value], "kwargs": {}},
+            wait=5,
+            max_wait=None,
+            leading=True,
+        )
+
+    _a, leading, _undo = trigger("a")
+    assert leading is not None and leading.countdown == 0
+    claim = backend.fire(H, leading.seq, overlap=False, lease=60).claim
+    assert claim is not None
+    backend.finish(H, claim.run_id, ok=True)
+    _b, dispatch, undo = trigger("b")  # inside the window: a trailing flight
+    assert dispatch is not None and dispatch.countdown > 3
+    backend.abort_trigger(H, dispatch.seq, {**undo, "kind": dispatch.kind})
+    _c, again, _undo = trigger("c")
+    assert again is not None and again.countdown > 3  # trailing still, not a leading edge

@@ -308,7 +308,9 @@ class DatabaseBackend(BaseBackend):
             row.triggers -= 1
             if row.pending == 0:
                 row.flight_id -= 1 if undo["opened"] else 0
-                row.first_trigger_at = row.last_trigger_at = row.due_at = None
+                row.first_trigger_at = row.due_at = None
+                # the key's last trigger is the one before (the next trigger's edge uses it)
+                row.last_trigger_at = undo["last_trigger_at"]
                 row.payload = None
                 row.due_fixed = False
             elif row.last_trigger_at == undo["at"] and undo["due_at"] is not None:

@@ -23,7 +23,8 @@ local extra = nil
 local restored = false
 if s.p == 0 then
   if ARGV[3] == '1' then s.f = s.f - 1 end
-  s.ft, s.lt, s.d, s.df = 0, 0, 0, 0
+  -- the key's last trigger is the one before (the next trigger's edge uses it)
+  s.ft, s.lt, s.d, s.df = 0, tonumber(ARGV[5]), 0, 0
   extra = {'pl', ''}
   if s.cl > 0 then redis.call('DEL', KEYS[2]) end
 elseif s.lt == tonumber(ARGV[10]) and tonumber(ARGV[6]) > 0 then
