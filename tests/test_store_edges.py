@@ -220,3 +220,18 @@ def test_abort_of_a_flight_opening_trigger_keeps_the_last_trigger_time(store):
     backend.abort_trigger(H, dispatch.seq, {**undo, "kind": dispatch.kind})
     _c, again, _undo = trigger("c")
     assert again is not None and again.countdown > 3  # trailing still, not a leading edge
+
+
+def test_a_finish_after_the_lease_keeps_the_run_lost(store):
+    # Found by the property test (database store): a finish that found the run's lease run
+    # out recovered the lease (its triggers back to pending) and then returned without
+    # saving the row, so the key stayed "running" on an expired lease.
+    backend = get_backend()
+    trig(backend, "a", wait=0)
+    start = timezone.now() + timedelta(seconds=1)
+    claim = backend.fire(H, None, overlap=False, lease=1, now=start).claim
+    assert claim is not None
+    late = start + timedelta(seconds=2)
+    assert backend.finish(H, claim.run_id, ok=True, now=late) is None
+    live = backend.live_state(H)
+    assert (live["state"], live["pending"], live["runs"]) == ("pending", 1, 0)

@@ -460,6 +460,7 @@ class DatabaseBackend(BaseBackend):
                 error=error if current else (error or "finished after its lease ran out"),
             )
             if not current:
+                self._save(row)  # keep the lost lease recovered above
                 return None  # a late finisher after its lease ran out changes nothing
             row.last_outcome = outcome
             if outcome == DebounceRun.Outcome.RETRY:
