@@ -782,7 +782,7 @@ class StoreAgainstModel(RuleBasedStateMachine):
             # an item stays after its trigger was taken back only when a trigger that merged
             # meanwhile may have sent it again (see KeyModel.abort_trigger)
             assert got - want <= key.aborted, f"pending items {got - want} of no trigger"
-            assert bool(pending) == bool(live["pending"])
+            assert live["pending"] or not pending, "I1: triggers pending, the store has none"
         else:
             assert len(pending) == live["pending"], f"I1: {len(pending)} triggers vs {live}"
             cancelled = [r for r in key.recs if r.status in ("cancelled", "dropped")]
