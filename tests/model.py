@@ -254,6 +254,10 @@ class KeyModel:
             due = now + cfg.wait
             if cfg.max_wait is not None:
                 due = min(due, self.first + cfg.max_wait)
+            if not undo["opened"] and self.due is not None:
+                # never earlier than the due time given to the flight's earlier triggers (I3):
+                # a lost or retried run that rejoined it brought an older first trigger
+                due = max(due, self.due)
         if full:
             self.due_fixed = True
         if self.not_before is not None and due < self.not_before:

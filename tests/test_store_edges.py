@@ -148,9 +148,10 @@ def test_collected_items_keep_trigger_order_after_an_abort(store):
 
 def test_a_trigger_that_makes_the_flight_due_before_its_message_publishes(store):
     # Found by the property test: the hot paths (Redis's merge in Lua, the one-statement
-    # UPDATE on PostgreSQL) merged a trigger whose flight became due (first trigger +
-    # max_wait) before the outstanding message, here a flush's; the full path publishes a
-    # message for the earlier time, as the contract says.
+    # UPDATE on PostgreSQL) merged a trigger whose flight is due (first trigger + max_wait)
+    # before the outstanding message, here the one a finishing run published for "now",
+    # after the flight's due time; the full path publishes a message for the earlier time,
+    # as the contract says (scheduled_at > due).
     backend = get_backend()
 
     def trigger(value):
@@ -163,11 +164,15 @@ def test_a_trigger_that_makes_the_flight_due_before_its_message_publishes(store)
             max_wait=0.2,
         )
 
-    trigger(1)
+    _r, first, _u = trigger(1)
+    time.sleep(0.25)
+    claim = backend.fire(H, first.seq, overlap=False, lease=60).claim
+    assert claim is not None
+    trigger(2)  # during the run: due 0.2 s later, scheduled by the finishing run
     time.sleep(0.3)
-    assert backend.flush(H) is not None  # a message for now
+    assert backend.finish(H, claim.run_id, ok=True) is not None  # a message for now
     time.sleep(0.05)
-    result, dispatch, _undo = trigger(2)  # due at first + max_wait: before the flush's message
+    result, dispatch, _undo = trigger(3)  # due at first + max_wait: before that message
     assert dispatch is not None and dispatch.kind == "fire" and dispatch.countdown == 0
     assert result.scheduled
 
@@ -235,3 +240,33 @@ def test_a_finish_after_the_lease_keeps_the_run_lost(store):
     assert backend.finish(H, claim.run_id, ok=True, now=late) is None
     live = backend.live_state(H)
     assert (live["state"], live["pending"], live["runs"]) == ("pending", 1, 0)
+
+
+def test_a_lost_run_rejoining_a_flight_does_not_cut_a_newer_trigger_quiet_period(store):
+    # Found by the property test: a lost run's triggers rejoin the open flight with their
+    # older first trigger time; the next trigger then computed first + max_wait from it and
+    # made the flight due before the due time already given to a newer trigger (I3). A
+    # flight's due time never moves earlier with a later trigger now.
+    backend = get_backend()
+    t0 = timezone.now()
+
+    def trigger(value, at):
+        return backend.trigger(
+            task_name="testapp.record",
+            key="edge",
+            key_hash=H,
+            payload={"args": [value], "kwargs": {}},
+            wait=2,
+            max_wait=3.5,
+            overlap=True,
+            now=t0 + timedelta(seconds=at),
+        )
+
+    trigger("a", 0)
+    claim = backend.fire(H, None, overlap=True, lease=1, now=t0 + timedelta(seconds=2)).claim
+    assert claim is not None  # run 1, lease until t0 + 3; its worker dies
+    b, _d, _u = trigger("b", 2.5)  # a new flight during the run (overlap), due at t0 + 4.5
+    c, _d, _u = trigger("c", 3.5)  # run 1 is lost first: "a" rejoins, with its first time
+    assert c.due_at >= b.due_at
+    decision = backend.fire(H, None, overlap=True, lease=1, now=t0 + timedelta(seconds=3.6))
+    assert decision.action is FireAction.REARM  # not before b's due time

@@ -261,6 +261,10 @@ class DatabaseBackend(BaseBackend):
                 due = now + timedelta(seconds=wait)
                 if max_wait is not None:
                     due = min(due, row.first_trigger_at + timedelta(seconds=max_wait))
+                if not undo["opened"] and row.due_at is not None:
+                    # Never earlier than the due time given to the flight's earlier triggers
+                    # (I3): a lost or retried run that rejoined it brought an older first.
+                    due = max(due, row.due_at)
             if full:
                 row.due_fixed = True
             if row.not_before is not None and due < row.not_before:
@@ -634,8 +638,8 @@ class DatabaseBackend(BaseBackend):
 
 
 _DUE_SQL = (
-    "LEAST(STATEMENT_TIMESTAMP() + %s * INTERVAL '1 second',"
-    " first_trigger_at + %s * INTERVAL '1 second')"
+    "GREATEST(due_at, LEAST(STATEMENT_TIMESTAMP() + %s * INTERVAL '1 second',"
+    " first_trigger_at + %s * INTERVAL '1 second'))"
 )
 # A flight this trigger makes due before its outstanding message (max_wait from an early
 # first trigger) is no plain merge: the full path publishes a message for the earlier time.

@@ -15,16 +15,17 @@ if now == 0 then
 end
 local grace = tonumber(ARGV[5])
 
--- Hot path: a trigger that only merges into an open flight (see merge_until) reads seven
+-- Hot path: a trigger that only merges into an open flight (see merge_until) reads eight
 -- fields, writes five, and replies with three numbers. A flight that this trigger makes due
 -- before its outstanding message (max_wait from an early first trigger) takes the full path,
 -- which publishes a message for the earlier time.
-local m = redis.call('HMGET', h, 'mu', 'p', 'ft', 'T', 'f', 'x', 'sa')
+local m = redis.call('HMGET', h, 'mu', 'p', 'ft', 'T', 'f', 'x', 'sa', 'd')
 local hot, due = (tonumber(m[1]) or 0) > now, 0
 if hot then
   due = now + tonumber(ARGV[3])
   local max_wait = tonumber(ARGV[4])
   if max_wait >= 0 then due = math.min(due, tonumber(m[3]) + max_wait) end
+  due = math.max(due, tonumber(m[8]) or 0)  -- never earlier than the flight's due (I3)
   hot = due >= (tonumber(m[7]) or 0)
 end
 if hot then
@@ -122,6 +123,9 @@ elseif s.df == 1 or full then
 else
   due = now + wait
   if max_wait >= 0 then due = math.min(due, s.ft + max_wait) end
+  -- never earlier than the due time given to the flight's earlier triggers (I3): a lost or
+  -- retried run that rejoined it brought an older first trigger
+  if opened == 0 and s.d > 0 then due = math.max(due, s.d) end
 end
 if full then s.df = 1 end
 if s.nb > 0 and due < s.nb then due = s.nb end  -- a retry's backoff: triggers join the retry
