@@ -270,3 +270,16 @@ def test_a_lost_run_rejoining_a_flight_does_not_cut_a_newer_trigger_quiet_period
     assert c.due_at >= b.due_at
     decision = backend.fire(H, None, overlap=True, lease=1, now=t0 + timedelta(seconds=3.6))
     assert decision.action is FireAction.REARM  # not before b's due time
+
+
+def test_a_heartbeat_at_the_lease_end_is_too_late(store):
+    # Found by the property test: at now == running_until every operation counts the lease
+    # as run out (the run is lost), but heartbeat still extended it.
+    backend = get_backend()
+    trig(backend, "a", wait=0)
+    start = timezone.now() + timedelta(seconds=1)
+    claim = backend.fire(H, None, overlap=False, lease=1, now=start).claim
+    assert claim is not None
+    end = start + timedelta(seconds=1)
+    assert not backend.heartbeat(H, claim.run_id, 1, now=end)
+    assert backend.heartbeat(H, claim.run_id, 1, now=end - timedelta(microseconds=1))

@@ -515,8 +515,8 @@ class DatabaseBackend(BaseBackend):
             row, now = self._lock(key_hash, now)
             if row is None or row.run_id != run_id or row.running_until is None:
                 return False
-            if row.running_until < now:
-                return False
+            if row.running_until <= now:
+                return False  # the lease ran out: the run is lost (as _recover_lease has it)
             row.running_until = now + timedelta(seconds=lease)
             self._save(row)
         return True
