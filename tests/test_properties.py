@@ -705,7 +705,7 @@ class StoreAgainstModel(RuleBasedStateMachine):
             key.not_before = None
         self.after(key, now, recovers=False)
 
-    @rule(grace=st.sampled_from([0, GRACE]))
+    @rule(grace=st.sampled_from([0, GRACE, 3 * GRACE]))
     def recover(self, grace: int) -> None:
         now = self.tick()
         real = {d.key_hash: d for _t, d in self.backend.recover(grace=grace / US, now=dt(now))}
