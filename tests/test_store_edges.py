@@ -283,3 +283,17 @@ def test_a_heartbeat_at_the_lease_end_is_too_late(store):
     end = start + timedelta(seconds=1)
     assert not backend.heartbeat(H, claim.run_id, 1, now=end)
     assert backend.heartbeat(H, claim.run_id, 1, now=end - timedelta(microseconds=1))
+
+
+def test_recover_at_the_lease_end_redoes_the_run(store):
+    # Found by the property test (database store): recover() looked for leases that ran out
+    # with running_until < now, so at exactly the lease end (when every operation counts
+    # the run as lost) it skipped the key.
+    backend = get_backend()
+    trig(backend, "a", wait=0)
+    start = timezone.now() + timedelta(seconds=1)
+    claim = backend.fire(H, None, overlap=False, lease=1, now=start).claim
+    assert claim is not None
+    ((_task, dispatch),) = backend.recover(grace=60, now=start + timedelta(seconds=1))
+    assert dispatch.kind == "fire" and dispatch.countdown == 0
+    assert backend.live_state(H)["state"] == "pending"

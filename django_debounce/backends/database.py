@@ -568,7 +568,7 @@ class DatabaseBackend(BaseBackend):
         clock = now or timezone.now()
         cutoff = clock - timedelta(seconds=grace)
         candidates = (
-            list(qs.filter(running_until__lt=clock).values_list("key_hash", flat=True))
+            list(qs.filter(running_until__lte=clock).values_list("key_hash", flat=True))
             + list(
                 qs.filter(pending__gt=0, scheduled=False, running_until__isnull=True).values_list(
                     "key_hash", flat=True
