@@ -297,3 +297,35 @@ def test_recover_at_the_lease_end_redoes_the_run(store):
     ((_task, dispatch),) = backend.recover(grace=60, now=start + timedelta(seconds=1))
     assert dispatch.kind == "fire" and dispatch.countdown == 0
     assert backend.live_state(H)["state"] == "pending"
+
+
+def test_recover_with_a_long_grace_leaves_overdue_messages_to_the_next_trigger(store):
+    # recover(grace=...) of the purge command may be longer than DEBOUNCE_DISPATCH_GRACE;
+    # the Redis store kept the hot path's "merge until" from recover's grace, so a trigger
+    # after DISPATCH_GRACE merged into a flight whose message is overdue instead of
+    # publishing a new one, as the full path (and the database store) do.
+    from django.test import override_settings
+
+    with override_settings(DEBOUNCE_DISPATCH_GRACE=5):
+        backend = get_backend()
+        t0 = timezone.now()
+        backend.trigger(
+            task_name="testapp.record",
+            key="edge",
+            key_hash=H,
+            payload={"args": ["a"], "kwargs": {}},
+            wait=1,
+            max_wait=None,
+            now=t0,
+        )  # its message, due at t0 + 1, is lost
+        assert backend.recover(grace=60, now=t0 + timedelta(seconds=2)) == []  # not overdue
+        _r, dispatch, _u = backend.trigger(
+            task_name="testapp.record",
+            key="edge",
+            key_hash=H,
+            payload={"args": ["b"], "kwargs": {}},
+            wait=1,
+            max_wait=None,
+            now=t0 + timedelta(seconds=7),
+        )
+        assert dispatch is not None  # the message is overdue by DISPATCH_GRACE: publish anew
