@@ -467,6 +467,24 @@ class KeyModel:
 
     # -- views ----------------------------------------------------------------------------
 
+    def merge_until(self) -> int | None:
+        """Until when a trigger of this key would be a plain merge (no edge, no new message,
+        no lost lease, no backoff or fixed due time to apply, not collecting): the latest
+        "merge until" a store may keep for its hot path (``None``: no hot path)."""
+        if self.pending == 0 or self.due_fixed or self.not_before is not None:
+            return None
+        if self.cfg.collect:
+            return None
+        if self.running_until is None:
+            return self.scheduled_at + self.grace if self.scheduled_at and self.scheduled else None
+        if self.cfg.overlap:
+            if self.scheduled and self.scheduled_at is not None:
+                return min(self.scheduled_at + self.grace, self.running_until)
+            return None
+        if self.watchdog_at is not None:
+            return min(self.running_until, self.watchdog_at)
+        return None
+
     def is_due(self, now: int) -> bool:
         return self.pending > 0 and self.due is not None and self.due <= now
 
