@@ -436,10 +436,7 @@ class StoreAgainstModel(RuleBasedStateMachine):
         self.backend.abort_trigger(key.hash, dispatch.seq, {**undo, "kind": dispatch.kind})
         taken = model.abort_trigger(mdispatch.seq, mundo, mdispatch.kind)
         if not taken:
-            self.pool.append(
-                Message(k, dispatch.kind, dispatch.seq, mdispatch.seq, self.now, dispatch.store)
-            )
-            return
+            return  # a newer message took over: the trigger stays, covered by that message
         key.recs.remove(rec)
         key.aborted.add(canon(rec.payload))
         key.expect_publish = True
