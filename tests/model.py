@@ -310,6 +310,8 @@ class KeyModel:
                 self.payload = [i for i in self.payload or [] if canon(i) != canon(undo["item"])]
             self.last = undo["last"]
             self.due = undo["due"]
+            if self.not_before is not None:  # a retry's backoff that began since
+                self.due = max(self.due, self.not_before)
             self.due_fixed = undo["due_fixed"]
         elif undo["added"] and self.cfg.collect and len(self.payload or []) == self.pending + 1:
             # later triggers merged meanwhile, each with an item of its own (one item per

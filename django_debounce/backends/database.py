@@ -327,6 +327,8 @@ class DatabaseBackend(BaseBackend):
                     row.payload = [i for i in row.payload if dumps(i) != dumps(undo["item"])]
                 row.last_trigger_at = undo["last_trigger_at"]
                 row.due_at = undo["due_at"]
+                if row.not_before is not None:  # a retry's backoff that began since
+                    row.due_at = max(row.due_at, row.not_before)
                 row.due_fixed = undo.get("due_fixed", row.due_fixed)
             elif (
                 undo.get("added")
