@@ -67,7 +67,7 @@ VALUES = [1, 2, 10, "a"]
 STEPS = [1, 1000, US // 4, US // 2, US, 2 * US, 4 * US, 6 * US, 11 * US]
 
 # Examples per store: a Redis step costs a fraction of a database one (row locks, commits).
-EXAMPLES = {"redis": 150, "database": 50}
+EXAMPLES = {"redis": 300, "database": 100}
 SETTINGS = settings(
     max_examples=50,
     stateful_step_count=int(os.environ.get("DEBOUNCE_PROPERTY_STEPS", "30")),
