@@ -549,7 +549,8 @@ class DatabaseBackend(BaseBackend):
         from their durable record."""
         out: list[tuple[str, Dispatch]] = []
         qs = DebounceKey.objects.using(self.alias).filter(
-            Q(store="database") | Q(key_hash__in=list(adopt))
+            Q(store="database") | Q(key_hash__in=list(adopt)),
+            state__in=[State.PENDING, State.RUNNING],  # the state index: idle rows need nothing
         )
         clock = now or timezone.now()
         cutoff = clock - timedelta(seconds=grace)
