@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import threading
 import time
 from datetime import datetime
 from datetime import timezone as dt_timezone
@@ -26,7 +28,9 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, router, transaction
 from django.utils import timezone
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from django_debounce import conf
 from django_debounce.backends.base import BaseBackend
@@ -123,6 +127,46 @@ class RedisBackend(BaseBackend):
             scripts[op] = self.client.register_script(source)
         return scripts
 
+    @cached_property
+    def _direct(self) -> threading.local | None:
+        """Per-thread state of the direct trigger path, or ``None`` when the client is not a
+        plain ``redis.Redis`` on a ``ConnectionPool`` (Sentinel, Cluster: the normal path)."""
+        import redis
+
+        client = self.client
+        pool = getattr(client, "connection_pool", None)
+        if type(client) is not redis.Redis or type(pool) not in (
+            redis.ConnectionPool,
+            redis.BlockingConnectionPool,
+        ):
+            return None
+        return threading.local()
+
+    def _trigger_direct(self, sha: str, keys: list[str], args: list[Any]) -> Any:
+        """``EVALSHA`` of the trigger script on a connection this thread keeps for it, packed
+        here: the hot path skips redis-py's per-command machinery (pool checkout, retries,
+        observability), which costs more than the script itself. The connection is made
+        with the pool's own settings (host, TLS, timeouts) and made again after a fork.
+        Errors are those of the normal path (``ConnectionError``, ``TimeoutError``,
+        ``ResponseError``); the connection is dropped on a connection error."""
+        local = self._direct
+        assert local is not None
+        conn = getattr(local, "conn", None)
+        if conn is None or local.pid != os.getpid():
+            pool = self.client.connection_pool
+            conn = local.conn = pool.connection_class(**pool.connection_kwargs)
+            local.pid = os.getpid()
+        parts = [b"EVALSHA", sha.encode(), b"%d" % len(keys)]
+        parts += [k.encode() for k in keys]
+        parts += [a if isinstance(a, bytes) else str(a).encode() for a in args]
+        packed = b"*%d\r\n" % len(parts) + b"".join(b"$%d\r\n%s\r\n" % (len(p), p) for p in parts)
+        try:
+            conn.send_packed_command([packed], check_health=False)
+            return conn.read_response()
+        except (RedisConnectionError, RedisTimeoutError, OSError):
+            conn.disconnect()
+            raise
+
     def _run(self, op: str, keys: str | list[str], args: list[Any]) -> Any:
         """EVALSHA of script ``op`` on one key (``keys`` a str) or the keys of one debounce key;
         loads it again after NOSCRIPT (a restarted or flushed server). One round trip in the
@@ -131,6 +175,8 @@ class RedisBackend(BaseBackend):
         if isinstance(keys, str):
             keys = [keys]
         try:
+            if op == "trigger" and self._direct is not None:
+                return self._trigger_direct(script.sha, keys, args)
             return self.client.evalsha(script.sha, len(keys), *keys, *args)
         except NoScriptError:
             script.sha = self.client.script_load(script.script)

@@ -36,7 +36,7 @@ def record(tag: str, sleep: float = 0.0, note: str = "", *, debounce: RunInfo) -
     _body("testapp.record", tag, sleep, debounce, payload={"note": note})
 
 
-@debounced_task(wait=5, name="testapp.record_slow")
+@debounced_task(wait=60, name="testapp.record_slow")
 def record_slow(tag: str, *, debounce: RunInfo) -> None:
     _body("testapp.record_slow", tag, 0, debounce)
 
