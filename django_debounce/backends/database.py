@@ -451,7 +451,13 @@ class DatabaseBackend(BaseBackend):
                 error=error if current else (error or "finished after its lease ran out"),
             )
             if not current:
-                return None  # a late finisher after its lease ran out changes nothing
+                # A late finisher after its lease ran out changes nothing; the flight its lost
+                # run went back to (recovered just now) gets its message.
+                dispatch = None
+                if row.pending and row.running_until is None and not row.scheduled:
+                    dispatch = self._schedule(row, max(row.due_at or now, now), now)
+                self._save(row)
+                return dispatch
             row.last_outcome = outcome
             if outcome == DebounceRun.Outcome.RETRY:
                 attempt = row.run_attempt + 1

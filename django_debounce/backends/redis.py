@@ -526,7 +526,9 @@ class RedisBackend(BaseBackend):
             if int(lost):
                 self._record(key_hash, snap, lost_run=int(lost))
             self._mark_lost(key_hash, run_id)
-            return None
+            return (
+                Dispatch(key_hash, int(seq), int(countdown) / US, self.store) if int(seq) else None
+            )
         if ok:
             outcome = DebounceRun.Outcome.SUCCESS
         elif retry_us >= 0:
