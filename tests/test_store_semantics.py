@@ -146,3 +146,26 @@ def test_run_due_retries_in_process_and_collects(settings):
     assert run_due(now=timezone.now() + timedelta(seconds=1)) == 1
     assert RunLog.objects.get(task="testapp.batch").payload == [1, 2]
     assert DebounceKey.objects.filter(state="idle").count() == 2
+
+
+def test_celery_autoretry_for_takes_the_debounce_retry_path(settings):
+    from tests.testapp.tasks import auto_retry
+
+    settings.DEBOUNCE_BACKEND = "database"
+    settings.DEBOUNCE_ON_COMMIT = False
+    auto_retry.trigger("ar")
+    with pytest.raises(KeyError):
+        run_due(now=timezone.now() + timedelta(seconds=1))
+    row = DebounceKey.objects.get()
+    assert (row.pending, row.attempt) == (1, 1)
+    # retry_backoff=2, no jitter, first retry: 2 s (Celery's get_exponential_backoff_interval)
+    failed = DebounceRun.objects.get()
+    assert (row.due_at - failed.finished_at).total_seconds() == pytest.approx(2.0, abs=0.01)
+    with pytest.raises(KeyError):
+        run_due(now=timezone.now() + timedelta(seconds=10))
+    row.refresh_from_db()
+    assert (row.state, row.pending, row.runs) == ("idle", 0, 1)  # max_retries=1: then failure
+    assert list(DebounceRun.objects.order_by("run_id").values_list("outcome", flat=True)) == [
+        "retry",
+        "failure",
+    ]

@@ -194,3 +194,16 @@ def orphan(tag: str, *, debounce: RunInfo) -> None:
 @debounced_task(wait=1, name="testapp.limited", time_limit=7)
 def limited(tag: str) -> None:
     pass
+
+
+@debounced_task(
+    wait=0.1,
+    name="testapp.auto_retry",
+    autoretry_for=(KeyError,),
+    retry_backoff=2,
+    retry_jitter=False,
+    max_retries=1,
+)
+def auto_retry(tag: str, *, debounce: RunInfo) -> None:
+    _log("testapp.auto_retry", tag, debounce, payload={"attempt": debounce.attempt})
+    raise KeyError(tag)
