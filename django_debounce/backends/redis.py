@@ -80,6 +80,11 @@ def redis_keys(key_hash: str) -> list[str]:
     return [base, base + ":c", base + ":r"]
 
 
+def _pack(parts: list[bytes]) -> bytes:
+    """RESP bulk strings of ``parts``, without the array header."""
+    return b"".join(b"$%d\r\n%s\r\n" % (len(p), p) for p in parts)
+
+
 def _now(now: datetime | None) -> int:
     """ARGV[1] of every script: the time override in microseconds, 0 for Redis ``TIME``."""
     return _us(now) if now is not None else 0
@@ -140,15 +145,17 @@ class RedisBackend(BaseBackend):
             redis.BlockingConnectionPool,
         ):
             return None
+        self._tails: dict[tuple[Any, ...], bytes] = {}
         return threading.local()
 
-    def _trigger_direct(self, sha: str, keys: list[str], args: list[Any]) -> Any:
-        """``EVALSHA`` of the trigger script on a connection this thread keeps for it, packed
-        here: the hot path skips redis-py's per-command machinery (pool checkout, retries,
-        observability), which costs more than the script itself. The connection is made
-        with the pool's own settings (host, TLS, timeouts) and made again after a fork.
-        Errors are those of the normal path (``ConnectionError``, ``TimeoutError``,
-        ``ResponseError``); the connection is dropped on a connection error."""
+    def _send_direct(self, packed: bytes) -> Any:
+        """Send one packed command on a connection this thread keeps for the trigger hot path
+        and read its reply: the hot path skips redis-py's per-command machinery (pool
+        checkout, retries, observability), which costs more than the script itself. The
+        connection is made with the pool's own settings (host, TLS, timeouts) and made again
+        after a fork. Errors are those of the normal path (``ConnectionError``,
+        ``TimeoutError``, ``ResponseError`` such as ``NoScriptError``); the connection is
+        dropped on a connection error."""
         local = self._direct
         assert local is not None
         conn = getattr(local, "conn", None)
@@ -156,16 +163,36 @@ class RedisBackend(BaseBackend):
             pool = self.client.connection_pool
             conn = local.conn = pool.connection_class(**pool.connection_kwargs)
             local.pid = os.getpid()
-        parts = [b"EVALSHA", sha.encode(), b"%d" % len(keys)]
-        parts += [k.encode() for k in keys]
-        parts += [a if isinstance(a, bytes) else str(a).encode() for a in args]
-        packed = b"*%d\r\n" % len(parts) + b"".join(b"$%d\r\n%s\r\n" % (len(p), p) for p in parts)
         try:
             conn.send_packed_command([packed], check_health=False)
             return conn.read_response()
         except (RedisConnectionError, RedisTimeoutError, OSError):
             conn.disconnect()
             raise
+
+    def _trigger_hot(self, rkey: str, payload: str, tail: tuple[Any, ...]) -> Any:
+        """``EVALSHA trigger 1 rkey 0 payload *tail`` through ``_send_direct``; the constant
+        head and tail of the command are packed once per task configuration."""
+        packed_tail = self._tails.get(tail)
+        sha = self.scripts["trigger"].sha
+        if packed_tail is None:
+            packed_tail = self._tails[tail] = _pack([str(a).encode() for a in tail])
+        head = b"*%d\r\n$7\r\nEVALSHA\r\n$40\r\n%s\r\n$1\r\n1\r\n" % (6 + len(tail), sha.encode())
+        k = rkey.encode()
+        p = payload.encode()
+        return self._send_direct(
+            b"".join(
+                (
+                    head,
+                    b"$%d\r\n" % len(k),
+                    k,
+                    b"\r\n$1\r\n0\r\n$%d\r\n" % len(p),
+                    p,
+                    b"\r\n",
+                    packed_tail,
+                )
+            )
+        )
 
     def _run(self, op: str, keys: str | list[str], args: list[Any]) -> Any:
         """EVALSHA of script ``op`` on one key (``keys`` a str) or the keys of one debounce key;
@@ -175,8 +202,6 @@ class RedisBackend(BaseBackend):
         if isinstance(keys, str):
             keys = [keys]
         try:
-            if op == "trigger" and self._direct is not None:
-                return self._trigger_direct(script.sha, keys, args)
             return self.client.evalsha(script.sha, len(keys), *keys, *args)
         except NoScriptError:
             script.sha = self.client.script_load(script.script)
@@ -354,7 +379,14 @@ class RedisBackend(BaseBackend):
             collect_limit or 0,
         ]
         keys: str | list[str] = redis_keys(key_hash) if collect_limit else redis_key(key_hash)
-        out = self._run("trigger", keys, args)
+        out = None
+        if now is None and not collect_limit and self._direct is not None:
+            try:
+                out = self._trigger_hot(keys, encoded, tuple(args[2:]))  # type: ignore[arg-type]
+            except NoScriptError:
+                out = None  # the normal path loads the script again
+        if out is None:
+            out = self._run("trigger", keys, args)
         if len(out) == 1:  # new to Redis: continue the durable record's counters
             args += [key, task_name, int(time.time() * US), self._seed(key_hash)]
             out = self._run("trigger", keys, args)
