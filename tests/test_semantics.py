@@ -80,7 +80,7 @@ def test_trailing_false_drops_triggers_inside_the_window(worker, unique_tag):
     lead_only.trigger(unique_tag)
     wait_for(lambda: runs("testapp.lead_only", unique_tag), message="the leading run")
     dropped = [lead_only.trigger(unique_tag) for _ in range(3)]
-    assert all(r.pending == 0 and not r.scheduled for r in dropped)
+    assert all(r.pending == 0 and not r.scheduled and r.dropped for r in dropped)
     assert stays(lambda: len(runs("testapp.lead_only", unique_tag, done=False)) == 1, duration=1.5)
     row = key_row(lead_only, unique_tag)
     live = lead_only.get_backend().live_state(row.key_hash)
@@ -212,6 +212,23 @@ def test_retry_called_in_the_body_follows_the_same_path(worker, unique_tag):
 
 
 # -- leases ---------------------------------------------------------------------------------
+
+
+def test_a_run_longer_than_its_lease_keeps_it_by_heartbeats_and_never_overlaps(worker, unique_tag):
+    from tests.testapp.tasks import long_runner  # lease 1.5 s, body 4 s
+
+    long_runner.trigger(unique_tag)
+    wait_for(lambda: runs("testapp.long_runner", unique_tag, done=False), message="the run")
+    long_runner.trigger(unique_tag)  # during the run: one follow-up after it
+    done = wait_for(
+        lambda: (r := runs("testapp.long_runner", unique_tag))[1:] and r,
+        timeout=30,
+        message="the follow-up",
+    )
+    assert done[1].started >= done[0].finished  # no overlap although the body outlived its lease
+    assert stays(lambda: len(runs("testapp.long_runner", unique_tag, done=False)) == 2, duration=2)
+    row = key_row(long_runner, unique_tag)
+    assert outcomes(row) == ["success", "success"]  # never lost
 
 
 def test_lease_is_derived_from_the_time_limit(settings):

@@ -169,3 +169,51 @@ def test_celery_autoretry_for_takes_the_debounce_retry_path(settings):
         "retry",
         "failure",
     ]
+
+
+def test_autoretry_for_narrows_which_exceptions_retry(settings):
+    from tests.testapp.tasks import auto_retry
+
+    settings.DEBOUNCE_BACKEND = "database"
+    settings.DEBOUNCE_ON_COMMIT = False
+    auto_retry.trigger("value-error")
+    with pytest.raises(ValueError):
+        run_due(now=timezone.now() + timedelta(seconds=1))
+    row = DebounceKey.objects.get()
+    assert (row.state, row.pending, row.attempt) == ("idle", 0, 0)
+    assert DebounceRun.objects.get().outcome == "failure"
+
+
+def test_runs_lost_with_their_worker_count_as_attempts_and_are_given_up(settings):
+    settings.DEBOUNCE_BACKEND = "database"
+    settings.DEBOUNCE_ON_COMMIT = False
+    flaky.trigger("lost", 0)  # would succeed, but every worker dies mid-run (max_retries=2)
+    backend = get_backend("database")
+    (row,) = DebounceKey.objects.all()
+    base = timezone.now()
+    for i in range(3):  # claimed and abandoned three times: lease (20 s) runs out each time
+        claim = backend.fire(
+            row.key_hash, None, overlap=False, lease=20, now=base + timedelta(seconds=1 + 30 * i)
+        )
+        assert claim.claim is not None and claim.claim.attempt == i
+    assert run_due(now=base + timedelta(seconds=95)) == 1  # claims, but gives up
+    assert not RunLog.objects.exists()  # the body did not run a fourth time
+    row.refresh_from_db()
+    assert (row.state, row.pending, row.runs) == ("idle", 0, 1)
+    last = DebounceRun.objects.order_by("-run_id").first()
+    assert last.outcome == "failure" and "given up after 3 attempts" in last.error
+    assert list(DebounceRun.objects.order_by("run_id").values_list("outcome", flat=True)) == [
+        "lost",
+        "lost",
+        "lost",
+        "failure",
+    ]
+
+
+def test_run_due_runs_every_batch_and_collect_flush_needs_no_item(settings):
+    settings.DEBOUNCE_BACKEND = "database"
+    settings.DEBOUNCE_ON_COMMIT = False
+    for n in range(12):
+        batch.trigger({"tag": "all", "n": n})
+    assert run_due(now=timezone.now() + timedelta(seconds=1)) == 3  # 5 + 5 + 2 items
+    assert sorted(n for log in RunLog.objects.all() for n in log.payload) == list(range(12))

@@ -107,7 +107,9 @@ class DatabaseBackend(BaseBackend):
             run_id=row.run_id,
             outcome=DebounceRun.Outcome.RUNNING,
         ).update(outcome=DebounceRun.Outcome.LOST, finished_at=now, error="lease ran out")
+        attempt = row.run_attempt
         self._unclaim(row, now)
+        row.attempt = max(row.attempt, attempt + 1)  # a lost run counts as an attempt
         row.last_outcome = DebounceRun.Outcome.LOST
 
     def _unclaim(self, row: DebounceKey, now: datetime) -> None:
@@ -232,7 +234,8 @@ class DatabaseBackend(BaseBackend):
                     row.cancelled += 1
                     row.last_trigger_at = now
                     self._save(row)
-                    return TriggerResult(key, row.flight_id, 0, None, scheduled=False), None, None
+                    result = TriggerResult(key, row.flight_id, 0, None, False, dropped=True)
+                    return result, None, None
                 row.flight_id += 1
                 row.first_trigger_at = now
                 row.payload = [] if collect_limit is not None else None

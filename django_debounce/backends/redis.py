@@ -420,6 +420,7 @@ class RedisBackend(BaseBackend):
             pending=int(pending),
             due_at=_dt(due),
             scheduled=kind == "fire",
+            dropped=int(pending) == 0,
         )
         undo = {
             "at": int(_now_us),

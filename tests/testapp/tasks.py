@@ -206,4 +206,11 @@ def limited(tag: str) -> None:
 )
 def auto_retry(tag: str, *, debounce: RunInfo) -> None:
     _log("testapp.auto_retry", tag, debounce, payload={"attempt": debounce.attempt})
+    if tag.startswith("value"):
+        raise ValueError(tag)  # not in autoretry_for: fails at once, as in Celery
     raise KeyError(tag)
+
+
+@debounced_task(wait=0.1, name="testapp.long_runner", lease=1.5)
+def long_runner(tag: str, *, debounce: RunInfo) -> None:
+    _body("testapp.long_runner", tag, 4.0, debounce)
