@@ -286,6 +286,8 @@ class DebounceRun(models.Model):
         indexes = [
             models.Index(fields=["task_name", "started_at"], name="debounce_run_task_started"),
             models.Index(fields=["started_at"], name="debounce_run_started"),
+            # The recent runs on a key's admin page.
+            models.Index(fields=["debounce_key", "started_at"], name="debounce_run_key_started"),
         ]
 
     def __str__(self) -> str:

@@ -16,7 +16,7 @@ from typing import Any
 from celery import Task
 from django.db import DEFAULT_DB_ALIAS, InterfaceError, OperationalError, connections, transaction
 
-from django_debounce import conf
+from django_debounce import conf, observe
 from django_debounce.backends import get_backend
 from django_debounce.backends.base import BaseBackend
 from django_debounce.dispatch import DISPATCH_KWARG, is_eager, publish, publish_quietly
@@ -200,6 +200,7 @@ class DebouncedTask(Task):
                     dispatch.key_hash, dispatch.seq, {**(undo or {}), "kind": dispatch.kind}
                 )
                 raise
+        observe.triggered(self, result)
         return result
 
     def flush(self, *args: Any, **kwargs: Any) -> bool:
@@ -325,13 +326,16 @@ class DebouncedTask(Task):
         args, kwargs = self.call_arguments(claim.payload)
         if self._wants_runinfo():
             kwargs[RESERVED_PARAMETER] = info
+        started = observe.run_started(self, claim)
         try:
             result = super().__call__(*args, **kwargs)
         except Exception as exc:
             error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
             self._finish(backend, claim, ok=False, error=error)
+            observe.run_finished(self, claim, started, observe.FAILURE, error)
             raise
         self._finish(backend, claim, ok=True)
+        observe.run_finished(self, claim, started, observe.SUCCESS)
         return result
 
     def _finish(self, backend: BaseBackend, claim: Claim, *, ok: bool, error: str = "") -> None:
