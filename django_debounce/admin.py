@@ -59,6 +59,20 @@ class TaskFilter(admin.SimpleListFilter):
         return queryset.filter(task_name=value) if value else queryset
 
 
+class StoreFilter(admin.SimpleListFilter):
+    """By store, with fixed choices (no ``SELECT DISTINCT`` over the tables)."""
+
+    title = _("store")
+    parameter_name = "store"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("database", _("database")), ("redis", _("redis"))]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
+        value = self.value()
+        return queryset.filter(store=value) if value else queryset
+
+
 class LiveChangeList(ChangeList):
     """After pagination, read the live values of the rows on screen that the Redis store
     holds, in one pipeline (their rows are written only on flight transitions)."""
@@ -77,31 +91,24 @@ class DebounceKeyAdmin(ReadOnlyAdmin):
         "triggers",
         "merged",
         "runs",
-        "first_trigger_at",
-        "last_trigger_at",
+        "first_trigger",
+        "last_trigger",
         "fires",
         "last_run",
     )
-    list_filter = ("state", TaskFilter, "store")
+    list_filter = ("state", TaskFilter, StoreFilter)
     search_fields = ("key",)
     fieldsets = (
-        (None, {"fields": ("key", "task_name", "state", "store")}),
+        (
+            None,
+            {"fields": ("key", "task_name", "state", "live_pending", "fires", "last_run", "store")},
+        ),
+        (_("Totals"), {"fields": ("triggers", "merged", "runs", "cancelled")}),
+        (_("Recent runs"), {"fields": ("recent_runs",)}),
         (
             _("Open flight"),
-            {
-                "fields": (
-                    "live_pending",
-                    "flight_id",
-                    "first_trigger_at",
-                    "last_trigger_at",
-                    "due_at",
-                    "fires",
-                    "payload",
-                )
-            },
+            {"fields": ("flight_id", "first_trigger_at", "last_trigger_at", "due_at", "payload")},
         ),
-        (_("Totals"), {"fields": ("triggers", "merged", "runs", "cancelled", "last_run")}),
-        (_("Recent runs"), {"fields": ("recent_runs",)}),
         (
             _("Live run and dispatch"),
             {
@@ -127,12 +134,17 @@ class DebounceKeyAdmin(ReadOnlyAdmin):
     )
     readonly_fields = [
         "live_pending",
+        "first_trigger",
+        "last_trigger",
         "fires",
         "last_run",
         "recent_runs",
         *(f.name for f in DebounceKey._meta.fields),
     ]
     actions = ["run_now", "cancel_pending", "purge_idle"]
+    # Facet counts would be one COUNT per filter choice: not on tables this size.
+    if hasattr(admin, "ShowFacets"):  # Django >= 5.0
+        show_facets = admin.ShowFacets.NEVER
 
     # -- permissions and actions ------------------------------------------------------------
 
@@ -202,6 +214,16 @@ class DebounceKeyAdmin(ReadOnlyAdmin):
         if not hasattr(obj, "live_pending"):
             live.refresh([obj])
         return obj.live_pending  # type: ignore[attr-defined]
+
+    @admin.display(description=_("first trigger"), ordering="first_trigger_at")
+    def first_trigger(self, obj: DebounceKey) -> str:
+        """First trigger of the open flight, as "12 s ago"."""
+        return display.ago(obj.first_trigger_at, timezone.now())
+
+    @admin.display(description=_("last trigger"), ordering="last_trigger_at")
+    def last_trigger(self, obj: DebounceKey) -> str:
+        """Last trigger (of the open flight, else of the last claimed one), as "12 s ago"."""
+        return display.ago(obj.last_trigger_at, timezone.now())
 
     @admin.display(description=_("fires"), ordering="due_at")
     def fires(self, obj: DebounceKey) -> str:
@@ -291,7 +313,8 @@ class DebounceKeyAdmin(ReadOnlyAdmin):
         except ValueError:
             page = 1
         data = summarize(period, page=page)
-        fmt = "%H:%M" if PERIODS[period][1].total_seconds() < 86400 else "%m-%d"
+        length, width = PERIODS[period]
+        fmt = "%b %d" if width.days else "%b %d %H:%M" if length.days > 1 else "%H:%M"
         labels = [start.strftime(fmt) for start in data.bucket_starts]
         rows = [
             {
@@ -342,10 +365,12 @@ class DebounceRunAdmin(ReadOnlyAdmin):
         "finished_at",
         "outcome",
     )
-    list_filter = ("outcome", TaskFilter, "store")
+    list_filter = ("outcome", TaskFilter, StoreFilter)
     list_select_related = ("debounce_key",)
     search_fields = ("debounce_key__key",)
     show_full_result_count = False  # one COUNT over the history per page view, not two
+    if hasattr(admin, "ShowFacets"):  # Django >= 5.0
+        show_facets = admin.ShowFacets.NEVER
     readonly_fields = ["merged", *(f.name for f in DebounceRun._meta.fields)]
 
 

@@ -11,12 +11,12 @@ OVERDUE_AFTER = 1.0
 
 
 def duration(seconds: float) -> str:
-    """``seconds`` (>= 0) as a short text: ``"0.35 s"``, ``"12 s"``, ``"4 min 5 s"``,
-    ``"2 h 10 min"``, ``"3 d 4 h"``."""
+    """``seconds`` (>= 0) as a short text: ``"0.35 s"``, ``"4.9 s"``, ``"12 s"``,
+    ``"4 min 5 s"``, ``"2 h 10 min"``, ``"3 d 4 h"``."""
     seconds = max(float(seconds), 0.0)
     if seconds < 10:
-        text = f"{seconds:.2f}".rstrip("0").rstrip(".")
-        return f"{text} s"
+        text = f"{seconds:.2f}" if seconds < 1 else f"{seconds:.1f}"
+        return f"{text.rstrip('0').rstrip('.')} s"
     whole = int(round(seconds))
     if whole < 60:
         return f"{whole} s"

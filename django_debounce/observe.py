@@ -76,7 +76,8 @@ metrics: Metrics | None = _load_metrics()
 
 
 def _send(signal: Any, name: str, sender: Any, **kwargs: Any) -> None:
-    """``send_robust``: a receiver that raises is logged and never stops the flow."""
+    """``send_robust``: a receiver that raises is logged and never stops the flow (Django
+    logs its traceback under ``django.dispatch``)."""
     if not signal.receivers:
         return
     for receiver, response in signal.send_robust(sender, **kwargs):
@@ -87,7 +88,6 @@ def _send(signal: Any, name: str, sender: Any, **kwargs: Any) -> None:
                 getattr(receiver, "__qualname__", repr(receiver)),
                 type(response).__name__,
                 response,
-                exc_info=response,
             )
 
 

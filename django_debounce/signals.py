@@ -9,9 +9,10 @@ Connect receivers as with any Django signal::
     def report(sender, *, task_name, key, outcome, delay, **kwargs):
         ...
 
-The ``sender`` is the debounced task (a ``DebouncedTask`` instance), so
-``run_finished.connect(handler, sender=rebuild_index)`` listens to one task. Every signal
-passes its arguments as keywords; accept ``**kwargs`` so new ones can be added.
+The ``sender`` is the debounced task (a ``DebouncedTask`` instance). ``debounced_task`` returns
+Celery's lazy proxy of it, so to listen to one task compare ``task_name`` in the receiver, or
+connect with ``sender=rebuild_index._get_current_object()``. Every signal passes its
+arguments as keywords; accept ``**kwargs`` so new ones can be added.
 
 Signals are sent with ``send_robust``: a receiver that raises is logged (``django_debounce``
 logger, level ERROR) and never breaks a trigger or the bookkeeping of a run.
