@@ -2,15 +2,13 @@
 trigger-to-start delay (median, 95th percentile) over a period, with counts per time bucket.
 
 Everything is aggregated in the database, in a fixed number of queries whatever the size of
-the tables (DESIGN.md section 6):
+the tables (DESIGN.md section 6); the SQL is in ``summary_sql.py``:
 
-1. one ``GROUP BY task_name`` over the runs that started in the period (a range scan of the
-   covering index ``debounce_run_summary``); on PostgreSQL the percentiles are computed in the
-   same query with ``percentile_cont``;
-2. elsewhere (SQLite, MySQL 8) one window query numbers each task's delays in order and
-   returns only the two rows around each percentile, which are interpolated as
-   ``percentile_cont`` does (never loading the runs into Python);
-3. one ``GROUP BY task_name, bucket`` for the charts (fixed-width buckets of the period);
+1. one ``GROUP BY task_name`` over the runs that started in the period (an index-only scan of
+   one of the covering indexes of migration 0002); on PostgreSQL the percentiles are
+   computed in the same query with ``percentile_cont``;
+2. elsewhere one more statement for the percentiles of the tasks on the page;
+3. the counts per time bucket for the charts (one statement; two on SQLite);
 4. one ``GROUP BY task_name`` over the keys that are pending or running now.
 
 A lost run (its lease ran out) is redone by a later run covering the same triggers, so lost
@@ -25,11 +23,20 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import connections, router
-from django.db.models import Aggregate, Count, F, FloatField, Func, IntegerField, Q, Sum, Window
-from django.db.models.functions import RowNumber
+from django.db.models import Count, Q, Sum
 from django.utils import timezone
 
 from django_debounce.models import DebounceKey, DebounceRun
+from django_debounce.summary_sql import (
+    Bucket,
+    PercentileCont,
+    offset_percentiles,
+    percentile_positions,
+    sqlite_bucket_counts,
+    window_percentiles,
+)
+
+__all__ = ["PERIODS", "Summary", "TaskSummary", "percentile_positions", "summarize"]
 
 # name -> (length of the period, width of one chart bucket)
 PERIODS: dict[str, tuple[timedelta, timedelta]] = {
@@ -41,54 +48,7 @@ PERIODS: dict[str, tuple[timedelta, timedelta]] = {
 DEFAULT_PERIOD = "24h"
 FRACTIONS = (0.5, 0.95)
 PER_PAGE = 50
-
-
-class PercentileCont(Aggregate):
-    """PostgreSQL's ordered-set aggregate ``percentile_cont(fraction) WITHIN GROUP (ORDER BY x)``
-    (continuous percentile, linear interpolation between the two nearest values)."""
-
-    function = "PERCENTILE_CONT"
-    name = "PercentileCont"
-    template = "%(function)s(%(fraction)s) WITHIN GROUP (ORDER BY %(expressions)s)"
-    output_field = FloatField()
-
-    def __init__(self, expression: Any, fraction: float, **extra: Any) -> None:
-        if not 0 <= fraction <= 1:
-            raise ValueError(f"fraction must be between 0 and 1, got {fraction!r}")
-        super().__init__(expression, fraction=repr(float(fraction)), **extra)
-
-
-class Bucket(Func):
-    """Index of the fixed-width time bucket a datetime falls in:
-    ``floor((epoch seconds - origin) / width)``, in SQL (PostgreSQL, SQLite, MySQL)."""
-
-    output_field = IntegerField()
-
-    def __init__(self, expression: Any, origin: int, width: int) -> None:
-        super().__init__(expression)
-        self.origin, self.width = int(origin), int(width)
-
-    def _compile(self, compiler: Any, connection: Any, epoch: str) -> tuple[str, list[Any]]:
-        sql, params = compiler.compile(self.source_expressions[0])
-        return epoch.format(sql), [*params, self.origin, self.width]
-
-    def as_sql(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, list[Any]]:
-        raise NotImplementedError(f"time buckets are not implemented for {connection.vendor}")
-
-    def as_postgresql(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, Any]:
-        # date_part is double precision; EXTRACT is numeric since PostgreSQL 14, and slower.
-        return self._compile(
-            compiler, connection, "FLOOR((date_part('epoch', {}) - %s) / %s)::bigint"
-        )
-
-    def as_sqlite(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, Any]:
-        # Integer division of non-negative integers is floor division in SQLite.
-        return self._compile(
-            compiler, connection, "((CAST(strftime('%%s', {}) AS INTEGER) - %s) / %s)"
-        )
-
-    def as_mysql(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, Any]:
-        return self._compile(compiler, connection, "FLOOR((UNIX_TIMESTAMP({}) - %s) / %s)")
+METHODS = ("auto", "sql", "offset", "window")
 
 
 @dataclass
@@ -135,63 +95,6 @@ class Summary:
     percentile_method: str
 
 
-def percentile_positions(n: int, fraction: float) -> tuple[int, int, float]:
-    """1-based row numbers of the two values around the ``fraction`` percentile of ``n``
-    sorted values, and the interpolation weight of the upper one (as ``percentile_cont``)."""
-    index = (n - 1) * fraction
-    low = math.floor(index)
-    return low + 1, min(low + 2, n), index - low
-
-
-def _window_percentiles(
-    runs: Any, alias: str, counts: dict[str, int]
-) -> dict[str, dict[float, float]]:
-    """Percentiles of ``delay`` per task with a window function, reading only the rows
-    around each percentile. ``counts`` is the number of runs of each wanted task in ``runs``."""
-    wanted = {name: n for name, n in counts.items() if n}
-    if not wanted:
-        return {}
-    inner = (
-        runs.filter(task_name__in=list(wanted))
-        .annotate(
-            rn=Window(RowNumber(), partition_by=[F("task_name")], order_by=[F("delay").asc()])
-        )
-        .values("task_name", "delay", "rn")
-    )
-    sql, params = inner.query.get_compiler(using=alias).as_sql()
-    connection = connections[alias]
-    qn = connection.ops.quote_name
-    where, where_params = [], []
-    positions: dict[str, list[tuple[float, int, int, float]]] = {}
-    for name, n in wanted.items():
-        rows: set[int] = set()
-        for fraction in FRACTIONS:
-            low, high, weight = percentile_positions(n, fraction)
-            positions.setdefault(name, []).append((fraction, low, high, weight))
-            rows.update((low, high))
-        where.append(
-            f"({qn('task_name')} = %s AND {qn('rn')} IN ({', '.join(['%s'] * len(rows))}))"
-        )
-        where_params += [name, *sorted(rows)]
-    query = (
-        f"SELECT {qn('task_name')}, {qn('rn')}, {qn('delay')} FROM ({sql}) w "
-        f"WHERE {' OR '.join(where)}"
-    )
-    values: dict[tuple[str, int], float] = {}
-    with connection.cursor() as cursor:
-        cursor.execute(query, [*params, *where_params])
-        for name, rn, delay in cursor.fetchall():
-            values[(name, int(rn))] = float(delay)
-    out: dict[str, dict[float, float]] = {}
-    for name, wanted_rows in positions.items():
-        for fraction, low, high, weight in wanted_rows:
-            lo, hi = values.get((name, low)), values.get((name, high))
-            if lo is None or hi is None:  # rows deleted between the two queries
-                continue
-            out.setdefault(name, {})[fraction] = lo + (hi - lo) * weight
-    return out
-
-
 def summarize(
     period: str = DEFAULT_PERIOD,
     *,
@@ -203,17 +106,21 @@ def summarize(
 ) -> Summary:
     """Aggregate the runs that started in the last ``period`` (a key of ``PERIODS``), per task.
 
-    ``page`` (1-based) selects ``per_page`` tasks, most triggers first. ``percentiles`` is
-    ``"auto"`` (``percentile_cont`` on PostgreSQL, the window query elsewhere), ``"sql"`` or
-    ``"window"``. Raises ``ValueError`` for an unknown period or method.
+    ``page`` (1-based) selects ``per_page`` tasks, most triggers first. ``percentiles`` picks
+    how percentiles are computed: ``"auto"`` (``"sql"`` on PostgreSQL, ``"offset"`` on SQLite,
+    ``"window"`` elsewhere), ``"sql"`` (``percentile_cont``, PostgreSQL only), ``"offset"`` or
+    ``"window"`` (see ``summary_sql``). ``now`` (aware) ends the period (default: now).
+    Returns a ``Summary``. Raises ``ValueError`` for an unknown period or method.
     """
     if period not in PERIODS:
         raise ValueError(f"period must be one of {', '.join(PERIODS)}, not {period!r}")
-    if percentiles not in ("auto", "sql", "window"):
-        raise ValueError(f"percentiles must be 'auto', 'sql' or 'window', not {percentiles!r}")
+    if percentiles not in METHODS:
+        raise ValueError(f"percentiles must be one of {', '.join(METHODS)}, not {percentiles!r}")
     alias = using or router.db_for_read(DebounceRun)
     vendor = connections[alias].vendor
-    method = percentiles if percentiles != "auto" else "sql" if vendor == "postgresql" else "window"
+    method = percentiles
+    if method == "auto":
+        method = {"postgresql": "sql", "sqlite": "offset"}.get(vendor, "window")
     length, width = PERIODS[period]
     until = now or timezone.now()
     since = until - length
@@ -263,15 +170,17 @@ def summarize(
     pages = max(math.ceil(len(summaries) / per_page), 1)
     page = min(max(page, 1), pages)
     shown = summaries[(page - 1) * per_page : page * per_page]
+    counts = {s.task_name: s.runs for s in shown}
+    found: dict[str, dict[float, float]] = {}
     if method == "window":  # query 2
-        found = _window_percentiles(
-            runs.exclude(outcome=DebounceRun.Outcome.LOST),
-            alias,
-            {s.task_name: s.runs for s in shown},
+        found = window_percentiles(
+            runs.exclude(outcome=DebounceRun.Outcome.LOST), alias, counts, FRACTIONS
         )
-        for s in shown:
-            s.median_delay = found.get(s.task_name, {}).get(0.5)
-            s.p95_delay = found.get(s.task_name, {}).get(0.95)
+    elif method == "offset":
+        found = offset_percentiles(alias, since, until, counts, FRACTIONS)
+    for s in shown if method != "sql" else ():
+        s.median_delay = found.get(s.task_name, {}).get(0.5)
+        s.p95_delay = found.get(s.task_name, {}).get(0.95)
 
     n_buckets = int(length / width)
     starts = [since + width * i for i in range(n_buckets)]
@@ -288,26 +197,37 @@ def summarize(
     by_name = {s.task_name: s for s in shown}
     for s in shown:
         s.bucket_triggers, s.bucket_runs = [0] * n_buckets, [0] * n_buckets
-    try:
-        buckets = list(  # query 3
-            runs.filter(counted)
-            .order_by()
-            .annotate(b=Bucket("started_at", int(since.timestamp()), int(width.total_seconds())))
-            .values("task_name", "b")
-            .annotate(n_runs=Count("started_at"), n_triggers=Sum("triggers"))
-            .values_list("task_name", "b", "n_runs", "n_triggers")
-        )
-    except NotImplementedError:  # another database: no charts
-        buckets = []
-    for name, b, n_runs, n_triggers in buckets:
-        b = int(b)
-        if not 0 <= b < n_buckets:
-            continue
-        totals.bucket_runs[b] += n_runs
-        totals.bucket_triggers[b] += n_triggers or 0
-        if name in by_name:
-            by_name[name].bucket_runs[b] += n_runs
-            by_name[name].bucket_triggers[b] += n_triggers or 0
+    if vendor == "sqlite":  # query 3, in two statements
+        all_tasks, per_task_buckets = sqlite_bucket_counts(alias, starts, width, list(by_name))
+        for b, (n_runs, n_triggers) in enumerate(all_tasks):
+            totals.bucket_runs[b], totals.bucket_triggers[b] = n_runs, n_triggers
+        for name, counts_per_bucket in per_task_buckets.items():
+            for b, (n_runs, n_triggers) in enumerate(counts_per_bucket):
+                by_name[name].bucket_runs[b] = n_runs
+                by_name[name].bucket_triggers[b] = n_triggers
+    else:
+        try:
+            buckets = list(  # query 3
+                runs.filter(counted)
+                .order_by()
+                .annotate(
+                    b=Bucket("started_at", int(since.timestamp()), int(width.total_seconds()))
+                )
+                .values("task_name", "b")
+                .annotate(n_runs=Count("started_at"), n_triggers=Sum("triggers"))
+                .values_list("task_name", "b", "n_runs", "n_triggers")
+            )
+        except NotImplementedError:  # another database: no charts
+            buckets = []
+        for name, b, n_runs, n_triggers in buckets:
+            b = int(b)
+            if not 0 <= b < n_buckets:
+                continue
+            totals.bucket_runs[b] += n_runs
+            totals.bucket_triggers[b] += n_triggers or 0
+            if name in by_name:
+                by_name[name].bucket_runs[b] += n_runs
+                by_name[name].bucket_triggers[b] += n_triggers or 0
     return Summary(
         period=period,
         since=since,

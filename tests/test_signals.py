@@ -9,6 +9,7 @@ from datetime import datetime, timedelta
 
 import pytest
 from django.conf import settings
+from django.db import transaction
 from django.test import override_settings
 from django.utils import timezone
 from prometheus_client import REGISTRY
@@ -107,6 +108,18 @@ def test_signals_in_process_carry_the_documented_arguments(eager, store, receive
         assert kw["delay"] == pytest.approx(run.delay, abs=1e-3)
     assert (finished[0]["outcome"], finished[0]["error"]) == ("success", "")
     assert finished[0]["duration"] >= 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_trigger_received_waits_for_the_commit(eager, store, received):
+    with transaction.atomic():
+        assert observed.trigger("atomic").deferred
+        assert received == []
+    assert [(name, kw["pending"]) for name, _s, kw in received] == [("trigger_received", 1)]
+    with transaction.atomic():
+        observed.trigger("rolled-back")
+        transaction.set_rollback(True)
+    assert len(received) == 1  # a rollback leaves no trace, no signal either
 
 
 @pytest.mark.django_db(transaction=True)
