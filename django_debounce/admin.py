@@ -179,6 +179,7 @@ class DebounceKeyAdmin(ReadOnlyAdmin):
 
     @admin.action(description=_("Run now"), permissions=["operate"])
     def run_now(self, request: HttpRequest, queryset: Any) -> None:
+        """Make the pending flight of each selected key due now (a live run finishes first)."""
         count = sum(
             1 for task, row in self._tasks(request, queryset) if task.flush_key(row.key_hash)
         )
@@ -186,6 +187,7 @@ class DebounceKeyAdmin(ReadOnlyAdmin):
 
     @admin.action(description=_("Cancel pending triggers"), permissions=["operate"])
     def cancel_pending(self, request: HttpRequest, queryset: Any) -> None:
+        """Drop the pending triggers of each selected key (a live run goes on)."""
         keys = dropped = 0
         for task, row in self._tasks(request, queryset):
             n = task.get_backend().cancel(row.key_hash)
@@ -195,15 +197,19 @@ class DebounceKeyAdmin(ReadOnlyAdmin):
 
     @admin.action(description=_("Purge idle keys"), permissions=["operate"])
     def purge_idle(self, request: HttpRequest, queryset: Any) -> None:
+        """Delete the selected keys that are idle (nothing pending or running), with their
+        run history."""
         deleted = queryset.delete_stale(timezone.now())
         self.message_user(request, f"Purged {deleted} idle key(s) and their run history.")
 
     # -- live values ------------------------------------------------------------------------
 
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        """The changelist that reads live values for the rows on screen."""
         return LiveChangeList
 
     def get_object(self, request: HttpRequest, object_id: str, from_field: Any = None) -> Any:
+        """The key, with its live values when the Redis store holds it."""
         obj = super().get_object(request, object_id, from_field)
         if obj is not None:
             live.refresh([obj])
@@ -211,6 +217,7 @@ class DebounceKeyAdmin(ReadOnlyAdmin):
 
     @admin.display(description=_("pending (live)"), ordering="pending")
     def live_pending(self, obj: DebounceKey) -> int:
+        """Pending triggers now (from Redis for keys the Redis store holds)."""
         if not hasattr(obj, "live_pending"):
             live.refresh([obj])
         return obj.live_pending  # type: ignore[attr-defined]
@@ -227,10 +234,12 @@ class DebounceKeyAdmin(ReadOnlyAdmin):
 
     @admin.display(description=_("fires"), ordering="due_at")
     def fires(self, obj: DebounceKey) -> str:
+        """When the open flight runs: "in 12 s", "now", "overdue 3 s", "after the live run"."""
         return display.fire_time(obj, timezone.now())
 
     @admin.display(description=_("last run"), ordering="last_run_at")
     def last_run(self, obj: DebounceKey) -> str:
+        """When the last run started and how it ended: "3 min ago: success"."""
         if obj.last_run_at is None:
             return ""
         when = display.ago(obj.last_run_at, timezone.now())
@@ -238,6 +247,7 @@ class DebounceKeyAdmin(ReadOnlyAdmin):
 
     @admin.display(description=_("recent runs"))
     def recent_runs(self, obj: DebounceKey) -> str:
+        """The key's most recent runs as a table, with a link to all of them."""
         runs = list(obj.run_history.order_by("-started_at", "-id")[:RECENT_RUNS])
         if not runs:
             return "no runs yet"
