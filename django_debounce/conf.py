@@ -26,6 +26,8 @@ DEFAULTS: dict[str, Any] = {
     "REDIS_TTL": 86400,
     # Seconds a dispatch message may be overdue before recovery publishes it again.
     "DISPATCH_GRACE": 60,
+    # Seconds between recoveries in each worker (None or 0: only at worker start).
+    "RECOVERY_INTERVAL": 60,
 }
 
 

@@ -20,12 +20,6 @@ from django_debounce.tasks import DebouncedTask
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-_LATER = {
-    "leading": "leading edges",
-    "collect": "collected payloads",
-}
-
-
 # Options Celery's task decorator accepts that are not attributes of ``celery.Task``.
 _CELERY_DECORATOR_OPTIONS = {
     "base",
@@ -94,15 +88,14 @@ def _options(
     backend: str | None,
 ) -> dict[str, Any]:
     """Validate decorator options into ``DebouncedTask`` class attributes."""
-    if leading or not trailing:
-        raise NotImplementedError(
-            "leading=True / trailing=False (lodash edge semantics) are not implemented in this "
-            "release; use the default trailing debounce, or max_wait= to bound the delay."
+    if not leading and not trailing:
+        raise ImproperlyConfigured(
+            "leading=False with trailing=False would never run the task (as lodash debounce); "
+            "set leading=True for a run at the start of each burst, or keep trailing=True."
         )
-    if collect:
-        raise NotImplementedError(
-            "collect=True (batched payloads) is not implemented in this release; trigger per key "
-            "and let each run receive the last payload."
+    if isinstance(collect_limit, bool) or not isinstance(collect_limit, int) or collect_limit < 1:
+        raise ImproperlyConfigured(
+            f"collect_limit= must be a positive int (items per run), got {collect_limit!r}."
         )
     if key is not None and not callable(key):
         raise ImproperlyConfigured(f"key= must be a callable returning a str, got {key!r}.")
@@ -114,6 +107,10 @@ def _options(
         "debounce_on_commit": on_commit,
         "debounce_lease": conf.seconds(lease, name="lease", allow_none=True),
         "debounce_backend": backend,
+        "debounce_leading": bool(leading),
+        "debounce_trailing": bool(trailing),
+        "debounce_collect": bool(collect),
+        "debounce_collect_limit": collect_limit,
     }
 
 
@@ -143,8 +140,23 @@ def debounced_task(
       as lodash's ``maxWait``.
     - ``key``: callable with the task's signature returning the key string; default is the
       task name plus the canonical JSON of the bound arguments.
+    - ``leading``/``trailing``: edge semantics as lodash debounce. ``leading=True`` runs at
+      the first trigger of a burst (when the key's last trigger is ``wait`` or more ago);
+      with ``trailing=True`` as well, a trailing run follows only if more triggers came in
+      the window; ``trailing=False`` drops triggers inside the window of a leading run
+      (counted as ``cancelled``). Throttle: ``leading=True, max_wait=wait``.
     - ``overlap``: allow two runs of one key at once (default ``False``).
-    - ``lease``: seconds a run may go without finishing or heartbeating (``DEBOUNCE_LEASE``).
+    - ``collect``: batch mode: ``trigger(item)`` takes one JSON value and the body is called
+      once per flight with the list of distinct items in trigger order; the default key is
+      then the task name (``key=`` receives the item). ``collect_limit`` (default 1000)
+      caps a run's items; a flight that reaches it runs at once.
+    - ``lease``: seconds a run may go without finishing or heartbeating (default: the
+      task's hard ``time_limit`` plus 5 s, else ``DEBOUNCE_LEASE``).
+    - failures: when the body raises (or calls ``retry()``), the run's triggers go back to
+      pending and run again after the task's Celery backoff (``default_retry_delay``, or
+      ``retry_backoff``/``retry_backoff_max``/``retry_jitter``), at most ``max_retries``
+      times (Celery's default 3; ``max_retries=0`` never retries); triggers during the
+      backoff join the retry.
     - ``on_commit``: defer triggers made in a transaction to its commit (``DEBOUNCE_ON_COMMIT``).
     - ``backend``: store of this task's keys (``DEBOUNCE_BACKEND`` when omitted).
     - any other keyword is a Celery task option (``name``, ``queue``, ``time_limit``, ...).
@@ -152,8 +164,7 @@ def debounced_task(
     Returns a Celery task (a ``DebouncedTask``, subclass of ``celery.Task``) with
     ``trigger()``, ``flush()`` and ``cancel()``; ``delay()`` stays a plain Celery call.
     The body may declare a keyword-only ``debounce`` parameter to receive a ``RunInfo``.
-    Raises ``ImproperlyConfigured`` for invalid options and ``NotImplementedError`` for
-    options not available in this release (``leading``, ``collect``).
+    Raises ``ImproperlyConfigured`` for invalid options and ``TypeError`` for unknown ones.
     """
     options = _options(
         wait=wait,
@@ -240,7 +251,18 @@ class DebouncedReceiverTask(DebouncedTask):
                 )
 
     def _resolve(self, args: tuple, kwargs: dict) -> tuple[str, Any, str | None]:
-        """``trigger(instance)`` or ``trigger(Model, pk)``: key ``app_label.model:pk``."""
+        """``trigger(instance)`` or ``trigger(Model, pk)``: key ``app_label.model:pk``
+        (collect mode: the item ``{"model", "pk"}`` under the key ``app_label.model``)."""
+        if self.debounce_collect:
+            payload = self._payload_of(args, kwargs)
+            item = {"model": payload["model"], "pk": payload["pk"]}
+            return self.key_for(item), item, None
+        return self._resolve_row(args, kwargs)
+
+    def _payload_of(self, args: tuple, kwargs: dict) -> dict[str, Any]:
+        return self._resolve_row(args, kwargs)[1]  # type: ignore[no-any-return]
+
+    def _resolve_row(self, args: tuple, kwargs: dict) -> tuple[str, Any, str | None]:
         if len(args) == 1 and not kwargs and isinstance(args[0], models.Model):
             instance = args[0]
             self._check_model(type(instance))
@@ -268,15 +290,22 @@ class DebouncedReceiverTask(DebouncedTask):
         return self.key_for(payload), payload, None
 
     def call_arguments(self, payload: Any) -> tuple[list[Any], dict[str, Any]]:
-        """The receiver body takes the payload's fields as keywords."""
+        """The receiver body takes the payload's fields as keywords (collect mode: the list
+        of items)."""
+        if self.debounce_collect:
+            return [list(payload or [])], {}
         return [], dict(payload)
 
     def key_for(self, payload: dict[str, Any]) -> str:
+        """The key of a trigger: ``key(**payload)``, else ``app_label.model:pk`` (collect
+        mode: ``app_label.model``)."""
         if self.debounce_key is not None:
             key = self.debounce_key(**payload)
             if not isinstance(key, str):
                 raise TypeError(f"key= of {self.name} must return a str, got {key!r}.")
             return key
+        if self.debounce_collect:
+            return str(payload["model"] or payload.get("sender") or "signal")
         if payload["model"] is None:
             return f"{payload['sender'] or 'signal'}"
         return f"{payload['model']}:{payload['pk']}"
@@ -292,6 +321,13 @@ class DebouncedReceiverTask(DebouncedTask):
             "signal": index,
             "kwargs": _signal_kwargs(kwargs),
         }
+        if self.debounce_collect:
+            if payload["model"] is None:
+                raise TypeError(
+                    f"{self.name} collects rows (collect=True) but {signal!r} sent no model "
+                    "instance; use collect=False for signals without an instance."
+                )
+            payload = {"model": payload["model"], "pk": payload["pk"]}
         self.trigger_payload(self.key_for(payload), payload, using=kwargs.get("using"))
 
 
@@ -326,6 +362,37 @@ def _receiver_body(
     return body
 
 
+def _collect_body(task_holder: list[Any]) -> Callable[..., Any]:
+    def body(items: list[dict[str, Any]], *, debounce: RunInfo) -> Any:
+        task = task_holder[0]
+        pks = [item["pk"] for item in items]
+        by_model: dict[str, list[Any]] = {}
+        for item in items:
+            by_model.setdefault(item["model"], []).append(item["pk"])
+        found: dict[tuple[str, str], Any] = {}
+        for label, model_pks in by_model.items():
+            model_cls = apps.get_model(label)
+            alias = router.db_for_write(model_cls)  # never a read replica
+            for obj in model_cls._default_manager.using(alias).filter(pk__in=model_pks):
+                found[(label, str(obj.pk))] = obj
+        instances = [
+            found[(i["model"], str(i["pk"]))] for i in items if (i["model"], str(i["pk"])) in found
+        ]
+        sender = task.debounce_sender
+        if not (isinstance(sender, type) and issubclass(sender, models.Model)):
+            sender = apps.get_model(items[0]["model"]) if items else None
+        signals = task.debounce_signals
+        return task.debounce_handler(
+            sender=sender,
+            pks=pks,
+            instances=instances,
+            signal=signals[0] if len(signals) == 1 else None,
+            debounce=debounce,
+        )
+
+    return body
+
+
 def debounced_receiver(
     signal: Signal | list[Signal] | tuple[Signal, ...],
     *,
@@ -353,6 +420,9 @@ def debounced_receiver(
     (``created``, ``update_fields``, ``using``, ...) and ``debounce`` (a ``RunInfo``).
     The default key is ``app_label.model:pk``; ``key=`` receives the payload's fields
     (``model``, ``pk``, ``sender``, ``signal``, ``kwargs``) as keywords.
+    With ``collect=True`` the handler is called once per flight with ``pks`` and
+    ``instances`` (lists in trigger order; rows gone from the database are left out of
+    ``instances``) instead of ``pk`` and ``instance``; the default key is the model label.
     Other options are those of ``debounced_task``. Returns the task (use it with
     ``trigger_many`` after bulk writes, or ``.flush(instance)``).
     Triggers made in a transaction count when it commits (``on_commit``).
@@ -378,7 +448,7 @@ def debounced_receiver(
 
     def decorate(handler: F) -> Any:
         holder: list[Any] = []
-        body = _receiver_body(holder)
+        body = _collect_body(holder) if collect else _receiver_body(holder)
         name = celery_options.pop("name", f"{handler.__module__}.{handler.__qualname__}")
         body.__name__ = handler.__name__
         body.__qualname__ = handler.__qualname__

@@ -32,13 +32,17 @@ def duration(seconds: float) -> str:
 
 def fire_time(row: Any, now: datetime) -> str:
     """When the open flight of ``row`` (a ``DebounceKey``, live values applied) will run:
-    ``"in 12 s"``, ``"now"``, ``"overdue 3 s"``, ``"after the live run"`` while a run holds
-    the key (no overlap), or ``""`` when nothing is pending."""
+    ``"in 12 s"``, ``"now"``, ``"overdue 3 s"``, ``"retry in 30 s"`` during a retry's backoff,
+    ``"after the live run"`` while a run holds the key (no overlap), or ``""`` when nothing
+    is pending."""
     pending = getattr(row, "live_pending", row.pending)
     if not pending or row.due_at is None:
         return ""
     if row.running_until is not None and not row.overlap:
         return "after the live run"
+    not_before = getattr(row, "not_before", None)  # the backoff of a retry
+    if not_before is not None and not_before > max(row.due_at, now):
+        return f"retry in {duration((not_before - now).total_seconds())}"
     ahead = (row.due_at - now).total_seconds()
     if ahead > 0:
         return f"in {duration(ahead)}"

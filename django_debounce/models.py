@@ -156,8 +156,30 @@ class DebounceKey(models.Model):
             "hot path); empty when the full state machine must decide."
         ),
     )
+    due_fixed = models.BooleanField(
+        _("due time fixed"),
+        default=False,
+        help_text=_(
+            "The open flight runs as soon as it may (a leading edge, or a full collected "
+            "batch); later triggers join it without delaying it."
+        ),
+    )
+    attempt = models.PositiveIntegerField(
+        _("attempt"),
+        default=0,
+        help_text=_("Retries already made for the triggers of the open flight (0: first try)."),
+    )
+    not_before = models.DateTimeField(
+        _("retry not before"),
+        null=True,
+        blank=True,
+        help_text=_("End of the retry backoff: the open flight does not run before it."),
+    )
     run_id = models.PositiveBigIntegerField(
         _("run id"), default=0, help_text=_("+1 at every claim; only the current run may finish.")
+    )
+    run_attempt = models.PositiveIntegerField(
+        _("attempt of live run"), default=0, help_text=_("Retries made before the live run.")
     )
     running_until = models.DateTimeField(
         _("lease until"),
@@ -192,7 +214,12 @@ class DebounceKey(models.Model):
         help_text=_("Triggers absorbed without a run of their own, in total."),
     )
     cancelled = models.PositiveBigIntegerField(
-        _("cancelled"), default=0, help_text=_("Pending triggers dropped by cancel, in total.")
+        _("cancelled"),
+        default=0,
+        help_text=_(
+            "Triggers dropped without a run, in total: by cancel, or inside the window of a "
+            "leading run when trailing=False."
+        ),
     )
     last_run_at = models.DateTimeField(
         _("last run"), null=True, blank=True, help_text=_("When the last run started.")
@@ -241,6 +268,7 @@ class DebounceRun(models.Model):
         SUCCESS = "success", _("success")
         FAILURE = "failure", _("failure")
         LOST = "lost", _("lost")
+        RETRY = "retry", _("failed, retried")
 
     debounce_key = models.ForeignKey(
         DebounceKey,
@@ -260,6 +288,9 @@ class DebounceRun(models.Model):
         _("flight id"), help_text=_("Flight this run absorbed.")
     )
     run_id = models.PositiveBigIntegerField(_("run id"), help_text=_("Per-key run counter."))
+    attempt = models.PositiveIntegerField(
+        _("attempt"), default=0, help_text=_("Retries made before this run (0: first try).")
+    )
     triggers = models.PositiveIntegerField(
         _("triggers"), help_text=_("Triggers claimed by this run (merged = triggers - 1).")
     )
@@ -280,7 +311,10 @@ class DebounceRun(models.Model):
         max_length=16,
         choices=Outcome.choices,
         default=Outcome.RUNNING,
-        help_text=_("running, success, failure, or lost (lease ran out)."),
+        help_text=_(
+            "running, success, failure (after the last retry), retry (failed; its triggers "
+            "went back to pending for a retry), or lost (lease ran out)."
+        ),
     )
     error = models.TextField(
         _("error"), blank=True, default="", help_text=_("Error text of a failure.")

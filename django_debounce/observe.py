@@ -5,8 +5,9 @@ The flow calls these functions at four points (a trigger counted, a run started,
 finished, a trigger that fell back from Redis to the database); none of them can raise into
 the flow: receivers are called with ``send_robust`` and their errors are logged.
 
-Log levels: DEBUG per trigger, INFO per run started and finished, ERROR for a failed run
-(Celery logs its traceback), WARNING for other outcomes and for a receiver that raised.
+Log levels: DEBUG per trigger, INFO per run started and finished (a retried failure too: the
+flow logs the retry as a WARNING), ERROR for a failed run after its last retry (Celery logs the
+traceback) and for a receiver that raised.
 
 Metrics (all labelled by ``task``; per process, so set ``PROMETHEUS_MULTIPROC_DIR`` for
 Celery's prefork pool as prometheus-client documents):
@@ -15,7 +16,7 @@ Celery's prefork pool as prometheus-client documents):
 - ``django_debounce_runs_total``: runs started;
 - ``django_debounce_merged_triggers_total``: triggers absorbed without a run of their own;
 - ``django_debounce_fallbacks_total``: triggers that went to the database because Redis failed;
-- ``django_debounce_run_failures_total``: runs whose body raised;
+- ``django_debounce_run_failures_total``: runs whose body raised (retried or not);
 - ``django_debounce_trigger_to_start_delay_seconds``: histogram of the seconds from the last
   claimed trigger to the start of its run.
 """
@@ -32,7 +33,8 @@ from django_debounce.state import Claim, TriggerResult
 logger = logging.getLogger("django_debounce")
 
 SUCCESS = "success"
-FAILURE = "failure"
+FAILURE = "failure"  # after the last retry
+RETRY = "retry"  # failed; the claimed triggers went back to pending for a retry
 
 DELAY_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
 
@@ -132,6 +134,7 @@ def _run_facts(task: Any, claim: Claim) -> dict[str, Any]:
         "merged": max(claim.triggers - 1, 0),
         "delay": delay,
         "started_at": claim.started_at,
+        "attempt": getattr(claim, "attempt", 0),
     }
 
 
@@ -161,18 +164,12 @@ def run_started(task: Any, claim: Claim) -> float:
 
 
 def run_finished(task: Any, claim: Claim, started: float, outcome: str, error: str = "") -> None:
-    """The body of a claimed run ended with ``outcome`` (``"success"``, ``"failure"``) and the
-    run was recorded. ``started`` is the mark ``run_started`` returned; ``error`` the text of
-    the exception of a failure."""
+    """The body of a claimed run ended with ``outcome`` (``SUCCESS``, ``RETRY``: failed and
+    retried later, ``FAILURE``: failed after the last retry) and the run was recorded.
+    ``started`` is the mark ``run_started`` returned; ``error`` the text of the exception."""
     facts = _run_facts(task, claim)
     duration = max(time.monotonic() - started, 0.0)
-    level = (
-        logging.INFO
-        if outcome == SUCCESS
-        else logging.ERROR
-        if outcome == FAILURE
-        else logging.WARNING
-    )
+    level = logging.ERROR if outcome == FAILURE else logging.INFO
     logger.log(
         level,
         "django_debounce: run %s of %s key=%r %s after %.3f s%s",
@@ -183,7 +180,7 @@ def run_finished(task: Any, claim: Claim, started: float, outcome: str, error: s
         duration,
         f": {error}" if error else "",
     )
-    if metrics is not None and outcome == FAILURE:
+    if metrics is not None and outcome != SUCCESS:
         metrics.failures.labels(facts["task_name"]).inc()
     _send(
         signals.run_finished,

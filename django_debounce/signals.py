@@ -34,12 +34,15 @@ counted (for a trigger made inside a transaction: after the commit):
 - ``triggers`` (int): triggers claimed by the run;
 - ``merged`` (int): ``triggers - 1``, the triggers absorbed without a run of their own;
 - ``delay`` (float): seconds from the last claimed trigger to the start of the run;
-- ``started_at`` (datetime): when the run was claimed (aware, UTC, the store's clock).
+- ``started_at`` (datetime): when the run was claimed (aware, UTC, the store's clock);
+- ``attempt`` (int): retries made before this run (0: the first try).
 
 ``run_finished`` adds:
 
-- ``outcome`` (str): ``"success"`` or ``"failure"``;
-- ``error`` (str): the exception's text for a failure, ``""`` on success;
+- ``outcome`` (str): ``"success"``; ``"retry"`` (the body raised and the claimed triggers
+  went back to pending for a retry, after the task's Celery backoff); or ``"failure"`` (the
+  body raised and no retry is left);
+- ``error`` (str): the exception's text for ``"retry"`` and ``"failure"``, ``""`` on success;
 - ``duration`` (float): seconds the body ran (this process's monotonic clock).
 """
 

@@ -57,7 +57,11 @@ class TriggerResult:
 
 @dataclass(frozen=True)
 class Claim:
-    """A due flight turned into a run by the worker (the *claim* step)."""
+    """A due flight turned into a run by the worker (the *claim* step).
+
+    ``payload`` is the last trigger's payload, or the list of collected items (``collect``);
+    ``attempt`` counts the retries made before this run (0: first try).
+    """
 
     key_hash: str
     key: str
@@ -71,6 +75,7 @@ class Claim:
     due_at: datetime
     started_at: datetime
     store: str = "d"
+    attempt: int = 0
 
 
 class FireAction(str, enum.Enum):
@@ -97,7 +102,8 @@ class RunInfo:
     """Facts about the current run, given to a body that declares a ``debounce`` parameter.
 
     ``triggers`` is how many triggers this run covers (``merged = triggers - 1``);
-    ``first_trigger_at``/``last_trigger_at`` are aware UTC datetimes.
+    ``first_trigger_at``/``last_trigger_at`` are aware UTC datetimes; ``attempt`` counts
+    the retries made before this run (0: first try, as Celery's ``request.retries``).
     Call ``heartbeat()`` from long runs to extend the lease (DEBOUNCE_LEASE seconds).
     """
 
@@ -107,6 +113,7 @@ class RunInfo:
     triggers: int
     first_trigger_at: datetime
     last_trigger_at: datetime
+    attempt: int = 0
     _heartbeat: Callable[[], bool] | None = field(default=None, repr=False)
 
     def heartbeat(self) -> bool:

@@ -5,14 +5,15 @@ Everything is aggregated in the database, in a fixed number of queries whatever 
 the tables (DESIGN.md section 6); the SQL is in ``summary_sql.py``:
 
 1. one ``GROUP BY task_name`` over the runs that started in the period (an index-only scan of
-   one of the covering indexes of migration 0002); on PostgreSQL the percentiles are
+   one of the covering indexes of migration 0003); on PostgreSQL the percentiles are
    computed in the same query with ``percentile_cont``;
 2. elsewhere one more statement for the percentiles of the tasks on the page;
 3. the counts per time bucket for the charts (one statement; two on SQLite);
 4. one ``GROUP BY task_name`` over the keys that are pending or running now.
 
-A lost run (its lease ran out) is redone by a later run covering the same triggers, so lost
-runs are counted apart and left out of triggers, runs and delays.
+A lost run (its lease ran out) and a retried one (its body failed and its triggers went back
+to pending) are redone by a later run covering the same triggers, so they are counted apart
+and left out of triggers, runs and delays.
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ DEFAULT_PERIOD = "24h"
 FRACTIONS = (0.5, 0.95)
 PER_PAGE = 50
 METHODS = ("auto", "sql", "offset", "window")
+# Runs whose triggers a later run covers again: counted apart, never as runs out.
+REDONE = (DebounceRun.Outcome.LOST, DebounceRun.Outcome.RETRY)
 
 
 @dataclass
@@ -59,6 +62,7 @@ class TaskSummary:
     runs: int = 0
     triggers: int = 0
     failures: int = 0
+    retried: int = 0
     lost: int = 0
     active_keys: int = 0
     median_delay: float | None = None
@@ -125,13 +129,14 @@ def summarize(
     until = now or timezone.now()
     since = until - length
     runs = DebounceRun.objects.using(alias).filter(started_at__gte=since, started_at__lt=until)
-    counted = ~Q(outcome=DebounceRun.Outcome.LOST)
+    counted = ~Q(outcome__in=REDONE)
     aggregates: dict[str, Any] = {
         # Count a column of the covering index (not the primary key), so that PostgreSQL
         # answers from the index alone.
         "n_runs": Count("started_at", filter=counted),
         "n_triggers": Sum("triggers", filter=counted),
         "n_failures": Count("started_at", filter=Q(outcome=DebounceRun.Outcome.FAILURE)),
+        "n_retried": Count("started_at", filter=Q(outcome=DebounceRun.Outcome.RETRY)),
         "n_lost": Count("started_at", filter=Q(outcome=DebounceRun.Outcome.LOST)),
     }
     if method == "sql":
@@ -160,6 +165,7 @@ def summarize(
                 runs=row.get("n_runs") or 0,
                 triggers=row.get("n_triggers") or 0,
                 failures=row.get("n_failures") or 0,
+                retried=row.get("n_retried") or 0,
                 lost=row.get("n_lost") or 0,
                 active_keys=active.get(name, 0),
                 median_delay=row.get("p50"),
@@ -173,9 +179,7 @@ def summarize(
     counts = {s.task_name: s.runs for s in shown}
     found: dict[str, dict[float, float]] = {}
     if method == "window":  # query 2
-        found = window_percentiles(
-            runs.exclude(outcome=DebounceRun.Outcome.LOST), alias, counts, FRACTIONS
-        )
+        found = window_percentiles(runs.filter(counted), alias, counts, FRACTIONS)
     elif method == "offset":
         found = offset_percentiles(alias, since, until, counts, FRACTIONS)
     for s in shown if method != "sql" else ():
@@ -189,6 +193,7 @@ def summarize(
         runs=sum(s.runs for s in summaries),
         triggers=sum(s.triggers for s in summaries),
         failures=sum(s.failures for s in summaries),
+        retried=sum(s.retried for s in summaries),
         lost=sum(s.lost for s in summaries),
         active_keys=sum(s.active_keys for s in summaries),
         bucket_triggers=[0] * n_buckets,

@@ -31,10 +31,13 @@ from django.db.models.functions import RowNumber
 
 from django_debounce.models import DebounceRun
 
-# Created on SQLite only, by migration 0002 (the other databases never use it).
+# Created on SQLite only, by migration 0003 (the other databases never use it).
 SQLITE_DELAY_INDEX = "debounce_run_task_delay"
 # SQLite allows at most 500 terms in one compound SELECT.
 SQLITE_MAX_TERMS = 500
+PARAMS_PER_TERM = 8
+# Runs whose triggers a later run covers again (as summary.REDONE).
+REDONE = (DebounceRun.Outcome.LOST, DebounceRun.Outcome.RETRY)
 
 
 class PercentileCont(Aggregate):
@@ -155,7 +158,8 @@ def offset_percentiles(
     """Percentiles of ``delay`` per task, each read with ``ORDER BY delay LIMIT 2 OFFSET k``
     from the nearer end (on SQLite through the index ``(task, delay, started_at, outcome)``,
     so nothing is sorted); every percentile of every task in one statement.
-    ``counts`` is the number of runs (lost ones excluded) of each wanted task in the period.
+    ``counts`` is the number of runs (lost and retried ones excluded) of each wanted task in
+    the period.
     Returns ``{task: {fraction: seconds}}``."""
     connection = connections[alias]
     qn = connection.ops.quote_name
@@ -175,16 +179,16 @@ def offset_percentiles(
             terms.append(
                 f"SELECT %s AS {qn('term')}, {qn('delay')} FROM (SELECT {qn('delay')} "
                 f"FROM {table}{hint} WHERE {qn('task_name')} = %s AND {qn('started_at')} >= %s "
-                f"AND {qn('started_at')} < %s AND {qn('outcome')} <> %s "
+                f"AND {qn('started_at')} < %s AND {qn('outcome')} NOT IN (%s, %s) "
                 f"ORDER BY {qn('delay')} {'ASC' if ascending else 'DESC'} LIMIT %s OFFSET %s) "
                 f"{qn('t' + str(len(terms)))}"
             )
-            params += [len(wanted), name, *bounds, DebounceRun.Outcome.LOST, high - low + 1, offset]
+            params += [len(wanted), name, *bounds, *REDONE, high - low + 1, offset]
             wanted.append((name, fraction, weight))
     found: dict[int, list[float]] = {}
     for start in range(0, len(terms), SQLITE_MAX_TERMS):
         chunk = terms[start : start + SQLITE_MAX_TERMS]
-        chunk_params = params[start * 7 : (start + len(chunk)) * 7]
+        chunk_params = params[start * PARAMS_PER_TERM : (start + len(chunk)) * PARAMS_PER_TERM]
         sql = " UNION ALL ".join(chunk)
         with connection.cursor() as cursor:
             try:
@@ -206,7 +210,8 @@ def offset_percentiles(
 def sqlite_bucket_counts(
     alias: str, starts: Sequence[datetime], width: Any, tasks: Sequence[str]
 ) -> tuple[list[tuple[int, int]], dict[str, list[tuple[int, int]]]]:
-    """Runs and triggers (lost runs excluded) per bucket: in all, and per task of ``tasks``.
+    """Runs and triggers (lost and retried runs excluded) per bucket: in all, and per task of
+    ``tasks``.
 
     One correlated count per bucket (and per task and bucket), each a range of a covering
     index: no sort of the runs, which SQLite's ``GROUP BY`` would need. Two statements.
@@ -216,9 +221,11 @@ def sqlite_bucket_counts(
     qn = connection.ops.quote_name
     table = qn(DebounceRun._meta.db_table)
     adapt = connection.ops.adapt_datetimefield_value
-    lost = DebounceRun.Outcome.LOST
     ranges = [(adapt(start), adapt(start + width)) for start in starts]
-    in_range = f"{qn('started_at')} >= b.lo AND {qn('started_at')} < b.hi AND {qn('outcome')} <> %s"
+    in_range = (
+        f"{qn('started_at')} >= b.lo AND {qn('started_at')} < b.hi "
+        f"AND {qn('outcome')} NOT IN (%s, %s)"
+    )
 
     def run(sql: str, rows: list[list[Any]], columns: str) -> list[tuple[Any, ...]]:
         if not rows:
@@ -227,7 +234,7 @@ def sqlite_bucket_counts(
         with connection.cursor() as cursor:
             cursor.execute(
                 f"WITH b({columns}) AS (VALUES {values}) {sql}",
-                [v for row in rows for v in row] + [lost, lost],
+                [v for row in rows for v in row] + [*REDONE, *REDONE],
             )
             return list(cursor.fetchall())
 

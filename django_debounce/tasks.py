@@ -14,6 +14,8 @@ from functools import partial
 from typing import Any
 
 from celery import Task
+from celery.exceptions import Retry
+from celery.utils.time import get_exponential_backoff_interval
 from django.db import DEFAULT_DB_ALIAS, InterfaceError, OperationalError, connections, transaction
 
 from django_debounce import conf, observe
@@ -43,6 +45,19 @@ except ImportError:  # pragma: no cover - redis is optional
     pass
 STORE_RETRY_DELAY = 1.0
 STORE_RETRIES = 600
+# Seconds a lease derived from a task's hard time limit adds to it: the run is killed at the
+# limit, and counted lost this much later (claim-to-start latency, clock drift).
+LEASE_MARGIN = 5.0
+
+
+class _RetryRequested(Retry):
+    """Raised by ``DebouncedTask.retry()`` inside a debounced run: the flow layer, not Celery,
+    publishes the retry (as the flight's own dispatch message)."""
+
+    def __init__(self, exc: BaseException | None, countdown: float | None, max_retries: Any):
+        super().__init__(message=None, exc=exc, when=countdown)
+        self.countdown = countdown
+        self.max_retries = max_retries
 
 
 class DebouncedTask(Task):
@@ -61,6 +76,10 @@ class DebouncedTask(Task):
     debounce_on_commit: bool | None = None
     debounce_lease: float | None = None
     debounce_backend: str | None = None
+    debounce_leading: bool = False
+    debounce_trailing: bool = True
+    debounce_collect: bool = False
+    debounce_collect_limit: int = 1000
 
     # -- configuration read when used ----------------------------------------------------
 
@@ -73,10 +92,21 @@ class DebouncedTask(Task):
 
     @property
     def lease(self) -> float:
-        """Seconds a claimed run may go without finishing or heartbeating."""
+        """Seconds a claimed run may go without finishing or heartbeating: ``lease=`` of the
+        decorator; else the task's hard time limit (``time_limit``, or Celery's
+        ``task_time_limit``) plus ``LEASE_MARGIN``, since a run past it has been killed;
+        else ``DEBOUNCE_LEASE``."""
         if self.debounce_lease is not None:
             return self.debounce_lease
+        limit = self.time_limit or self.app.conf.task_time_limit
+        if limit:
+            return float(limit) + LEASE_MARGIN
         return conf.seconds(conf.get("LEASE"), name="DEBOUNCE_LEASE")  # type: ignore[return-value]
+
+    @property
+    def collect_limit(self) -> int | None:
+        """Most items one run of a collecting task receives; ``None`` when not collecting."""
+        return self.debounce_collect_limit if self.debounce_collect else None
 
     def get_backend(self) -> BaseBackend:
         """The store of this task's keys (``backend=`` of the decorator or ``DEBOUNCE_BACKEND``)."""
@@ -109,6 +139,8 @@ class DebouncedTask(Task):
 
     def _resolve(self, args: tuple, kwargs: dict) -> tuple[str, Any, str | None]:
         """``resolve`` plus the payload's canonical JSON, encoded once per trigger."""
+        if self.debounce_collect:
+            return self._resolve_item(args, kwargs)
         try:
             payload = self._binder(args, kwargs)
         except TypeError as exc:
@@ -132,8 +164,30 @@ class DebouncedTask(Task):
             )
         return key, payload, encoded
 
+    def _resolve_item(self, args: tuple, kwargs: dict) -> tuple[str, Any, str | None]:
+        """Collect mode: ``trigger(item)`` takes one JSON value; the key is the task name, or
+        ``key(item)``."""
+        if len(args) != 1 or kwargs:
+            raise TypeError(
+                f"{self.name} collects items (collect=True): trigger() takes exactly one JSON "
+                f"value, got args={args!r} kwargs={kwargs!r}."
+            )
+        item = args[0]
+        encoded = dumps(item)
+        if self.debounce_key is None:
+            return self.name, item, encoded
+        key = self.debounce_key(item)
+        if not isinstance(key, str):
+            raise TypeError(
+                f"key= of {self.name} must return a str, got {type(key).__name__}: {key!r}."
+            )
+        return key, item, encoded
+
     def call_arguments(self, payload: Any) -> tuple[list[Any], dict[str, Any]]:
-        """Turn a stored payload back into the body's positional and keyword arguments."""
+        """Turn a stored payload back into the body's positional and keyword arguments
+        (collect mode: the list of items is the one positional argument)."""
+        if self.debounce_collect:
+            return [list(payload or [])], {}
         payload = payload or {"args": [], "kwargs": {}}
         return list(payload["args"]), dict(payload["kwargs"])
 
@@ -191,6 +245,9 @@ class DebouncedTask(Task):
             max_wait=max_wait,
             overlap=self.debounce_overlap,
             payload_json=payload_json,
+            leading=self.debounce_leading,
+            trailing=self.debounce_trailing,
+            collect_limit=self.collect_limit,
         )
         if dispatch is not None:
             try:
@@ -219,7 +276,7 @@ class DebouncedTask(Task):
         if dispatch is None:
             return False
         if is_eager(self):
-            self.fire(hashed, dispatch.seq, store=dispatch.store)
+            self.fire(hashed, dispatch.seq, store=dispatch.store, in_worker=False)
         else:
             publish_quietly(self, dispatch)
         return True
@@ -289,19 +346,26 @@ class DebouncedTask(Task):
             logger.exception("django_debounce: could not re-publish a dispatch message")
         return None
 
-    def fire(self, hashed: str, seq: int | None, *, store: str | None = None) -> Any:
+    def fire(
+        self, hashed: str, seq: int | None, *, store: str | None = None, in_worker: bool = True
+    ) -> Any:
         """Handle one dispatch message (``seq=None``: in-process, no fencing); returns the body's
         result when this message claimed the flight, else ``None``. ``store`` names the store
         that issued the message (``"d"``/``"r"``), for the ``auto`` backend."""
         backend = self.get_backend()
         decision = backend.fire(
-            hashed, seq, overlap=self.debounce_overlap, lease=self.lease, store=store
+            hashed,
+            seq,
+            overlap=self.debounce_overlap,
+            lease=self.lease,
+            store=store,
+            collect_limit=self.collect_limit,
         )
         if decision.dispatch is not None:
             publish_quietly(self, decision.dispatch)
         if decision.action is not FireAction.CLAIM or decision.claim is None:
             return None
-        return self.run_claim(backend, decision.claim)
+        return self.run_claim(backend, decision.claim, in_worker=in_worker)
 
     def watch(self, hashed: str, at: int, *, store: str | None = None) -> None:
         """Handle a lease watchdog: the store redoes a lost run and re-arms while one is live."""
@@ -309,9 +373,68 @@ class DebouncedTask(Task):
         if dispatch is not None:
             publish_quietly(self, dispatch)
 
-    def run_claim(self, backend: BaseBackend, claim: Claim) -> Any:
+    def retry(  # type: ignore[override]
+        self,
+        args: Any = None,
+        kwargs: Any = None,
+        exc: BaseException | None = None,
+        throw: bool = True,
+        eta: Any = None,
+        countdown: float | None = None,
+        max_retries: int | None = None,
+        **options: Any,
+    ) -> Any:
+        """Celery's ``retry()``. Inside a debounced run it does not re-send the task: the
+        run's triggers go back to pending and the flight runs again after ``countdown``
+        seconds (default: the task's backoff), joined by triggers that arrive meanwhile,
+        within ``max_retries`` (default: the task's). Raises ``celery.exceptions.Retry``."""
+        if not getattr(self.request, "debounce_run", False):
+            return super().retry(args, kwargs, exc, throw, eta, countdown, max_retries, **options)
+        if countdown is None and eta is not None:
+            from django.utils import timezone
+
+            countdown = max((eta - timezone.now()).total_seconds(), 0.0)
+        raise _RetryRequested(exc, countdown, max_retries)
+
+    def retry_delay(self, attempt: int) -> float:
+        """Seconds before retry number ``attempt + 1``, from the task's Celery options:
+        ``retry_backoff`` (exponential, capped by ``retry_backoff_max``, with
+        ``retry_jitter``) when set, else ``default_retry_delay``."""
+        backoff = getattr(self, "retry_backoff", False)
+        if backoff:
+            return float(
+                get_exponential_backoff_interval(
+                    factor=int(max(1.0, float(backoff))),
+                    retries=attempt,
+                    maximum=int(getattr(self, "retry_backoff_max", 600)),
+                    full_jitter=bool(getattr(self, "retry_jitter", True)),
+                )
+            )
+        return float(self.default_retry_delay or 0)
+
+    def _call_body(self, args: list[Any], kwargs: dict[str, Any], attempt: int) -> Any:
+        """``Task.__call__`` with a request that says "debounced run": ``request.retries`` is
+        the attempt, as in a Celery retry, and ``retry()`` knows not to re-send the task."""
+        from celery.app.task import _task_stack
+
+        _task_stack.push(self)
+        self.push_request(args=args, kwargs=kwargs, retries=attempt, debounce_run=True)
+        try:
+            return self.run(*args, **kwargs)
+        finally:
+            self.pop_request()
+            _task_stack.pop()
+
+    def run_claim(self, backend: BaseBackend, claim: Claim, *, in_worker: bool = False) -> Any:
         """Execute the body for a claimed flight, then record the finish and schedule what
-        arrived meanwhile."""
+        arrived meanwhile.
+
+        When the body raises (or calls ``retry()``), the claimed triggers go back to pending
+        and run again after the task's backoff, up to ``max_retries`` times; then the failure
+        is recorded. In a worker a retried failure raises ``celery.exceptions.Retry`` (Celery
+        shows the task as retried); in-process (``run_due``, eager flush) and after the last
+        retry, the body's exception propagates.
+        """
         info = RunInfo(
             key=claim.key,
             flight_id=claim.flight_id,
@@ -319,6 +442,7 @@ class DebouncedTask(Task):
             triggers=claim.triggers,
             first_trigger_at=claim.first_trigger_at,
             last_trigger_at=claim.last_trigger_at,
+            attempt=claim.attempt,
             _heartbeat=partial(
                 backend.heartbeat, claim.key_hash, claim.run_id, self.lease, store=claim.store
             ),
@@ -328,20 +452,57 @@ class DebouncedTask(Task):
             kwargs[RESERVED_PARAMETER] = info
         started = observe.run_started(self, claim)
         try:
-            result = super().__call__(*args, **kwargs)
+            result = self._call_body(args, kwargs, claim.attempt)
         except Exception as exc:
-            error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-            self._finish(backend, claim, ok=False, error=error)
-            observe.run_finished(self, claim, started, observe.FAILURE, error)
+            countdown, max_retries, cause = None, self.max_retries, exc
+            if isinstance(exc, _RetryRequested):
+                countdown = exc.countdown
+                if exc.max_retries is not None:
+                    max_retries = exc.max_retries
+                cause = exc.exc or exc
+            retry_in = None
+            if max_retries is None or claim.attempt < max_retries:
+                retry_in = countdown if countdown is not None else self.retry_delay(claim.attempt)
+            error = "".join(traceback.format_exception_only(type(cause), cause)).strip()
+            self._finish(backend, claim, ok=False, error=error, retry_in=retry_in)
+            outcome = observe.FAILURE if retry_in is None else observe.RETRY
+            observe.run_finished(self, claim, started, outcome, error)
+            if retry_in is not None:
+                logger.warning(
+                    "django_debounce: %s run %s of %r failed (%s); retry %d in %.3gs",
+                    self.name,
+                    claim.run_id,
+                    claim.key,
+                    error,
+                    claim.attempt + 1,
+                    retry_in,
+                )
+                if in_worker:
+                    raise Retry(message=None, exc=cause, when=retry_in) from cause
+            if cause is not exc:
+                raise cause from None
             raise
         self._finish(backend, claim, ok=True)
         observe.run_finished(self, claim, started, observe.SUCCESS)
         return result
 
-    def _finish(self, backend: BaseBackend, claim: Claim, *, ok: bool, error: str = "") -> None:
+    def _finish(
+        self,
+        backend: BaseBackend,
+        claim: Claim,
+        *,
+        ok: bool,
+        error: str = "",
+        retry_in: float | None = None,
+    ) -> None:
         try:
             follow = backend.finish(
-                claim.key_hash, claim.run_id, ok=ok, error=error, store=claim.store
+                claim.key_hash,
+                claim.run_id,
+                ok=ok,
+                error=error,
+                retry_in=retry_in,
+                store=claim.store,
             )
         except STORE_ERRORS:
             # The run is done but its store is unreachable: its lease runs out and the

@@ -27,7 +27,12 @@ def run_due(now: datetime | None = None, *, backend: str | None = None) -> int:
     for task_name, key_hash in store.due_keys(now):
         task = get_debounced_task(task_name)
         decision = task.get_backend().fire(
-            key_hash, None, overlap=task.debounce_overlap, lease=task.lease, now=now
+            key_hash,
+            None,
+            overlap=task.debounce_overlap,
+            lease=task.lease,
+            now=now,
+            collect_limit=task.collect_limit,
         )
         if decision.action is FireAction.CLAIM and decision.claim is not None:
             task.run_claim(task.get_backend(), decision.claim)

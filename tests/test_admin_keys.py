@@ -67,6 +67,8 @@ def test_fire_time_texts():
     assert display.fire_time(key, now) == "now"
     key.due_at = now - timedelta(seconds=90)
     assert display.fire_time(key, now) == "overdue 1 min 30 s"
+    key.not_before = now + timedelta(seconds=30)
+    assert display.fire_time(key, now) == "retry in 30 s"
     key.running_until = now + timedelta(seconds=60)
     assert display.fire_time(key, now) == "after the live run"
     assert display.fire_time(DebounceKey(pending=0), now) == ""
@@ -74,7 +76,7 @@ def test_fire_time_texts():
 
 def test_changelist_shows_live_counts_fire_time_and_last_run(operator, eager, store):
     for _ in range(5):
-        record_slow.trigger("live")  # wait=5 s
+        record_slow.trigger("live")  # a long wait: still pending when the page is read
     key = record_slow.resolve(("live",), {})[0]
     row = DebounceKey.objects.get(key=key)
     if store == "redis":
@@ -86,8 +88,8 @@ def test_changelist_shows_live_counts_fire_time_and_last_run(operator, eager, st
     assert (live.live_pending, live.triggers, live.state) == (5, 5, "pending")
     assert live.first_trigger_at <= live.last_trigger_at
     fires = display.fire_time(live, timezone.now())
-    assert fires.startswith("in ") and fires.endswith(" s"), fires
-    assert re.search(r'class="field-fires">in [45](\.\d)? s<', html), "fire time not shown"
+    assert fires.startswith("in "), fires  # "in 59 s", "in 1 min"
+    assert re.search(r'class="field-fires">in (\d+(\.\d)? s|1 min)<', html), "no fire time"
     for column in ("first trigger", "last trigger", "fires", "last run", "pending (live)"):
         assert column in html.lower()
 

@@ -138,7 +138,7 @@ def test_summary_figures_match_the_generated_history(history, method):
 if settings.DB_VENDOR == "sqlite":
 
     def test_offset_percentiles_without_the_sqlite_index(history):
-        """A later migration that rebuilds the table on SQLite drops the index migration 0002
+        """A later migration that rebuilds the table on SQLite drops the index migration 0003
         made: the summary still answers, without the index hint."""
         expected = summarize("24h", percentiles="offset").tasks[0].median_delay
         with connection.cursor() as cursor:

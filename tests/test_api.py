@@ -56,8 +56,9 @@ def test_wrong_arguments_raise_type_error():
         ({"wait": "5"}, ImproperlyConfigured),
         ({"max_wait": -0.5}, ImproperlyConfigured),
         ({"key": "not callable"}, ImproperlyConfigured),
-        ({"leading": True}, NotImplementedError),
-        ({"collect": True}, NotImplementedError),
+        ({"leading": False, "trailing": False}, ImproperlyConfigured),
+        ({"collect": True, "collect_limit": 0}, ImproperlyConfigured),
+        ({"collect": True, "collect_limit": "10"}, ImproperlyConfigured),
     ],
 )
 def test_bad_decorator_options_name_the_fix(options, error):

@@ -74,7 +74,7 @@ def test_unknown_task_names_the_accepted_form_and_the_known_tasks(db):
         run("debounce_purge", "--older-than", "7d", "--task", "testapp.recrod")
     text = str(err.value)
     assert "Give the task's Celery name" in text
-    assert "testapp.record" in text  # registered debounced tasks are offered
+    assert "Did you mean 'testapp.record'" in text  # registered debounced tasks are offered
 
 
 def test_status_bad_limit(db):
@@ -147,7 +147,7 @@ def test_status_reads_live_values_from_redis(eager):
         "pending",
         "redis",
     )
-    assert rec["fires"].startswith("in ") and 0 < rec["due_in_s"] <= 5
+    assert rec["fires"].startswith("in ") and 0 < rec["due_in_s"] <= record_slow.wait
     header, row = table.splitlines()
     assert header.split() == [
         "task",

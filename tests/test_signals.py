@@ -35,6 +35,7 @@ RUN_KWARGS = {
     "merged",
     "delay",
     "started_at",
+    "attempt",
 }
 
 

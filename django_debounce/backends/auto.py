@@ -126,45 +126,48 @@ class AutoBackend(BaseBackend):
             return self.redis.abort_trigger(key_hash, seq, undo)
         return self.database.abort_trigger(key_hash, seq, undo)
 
-    def fire(self, key_hash, seq, *, overlap, lease, now=None, store=None):
+    def fire(self, key_hash, seq, *, overlap, lease, now=None, store=None, collect_limit=None):
+        kw = {"overlap": overlap, "lease": lease, "now": now, "collect_limit": collect_limit}
         if store == "r" and self.redis is not None:
-            decision = self.redis.fire(key_hash, seq, overlap=overlap, lease=lease, now=now)
+            decision = self.redis.fire(key_hash, seq, **kw)
             if decision.action is not FireAction.MISSING:
                 return decision
             # Redis lost the state (restarted empty): run the flight from its durable record.
-            return self.database.fire(key_hash, None, overlap=overlap, lease=lease, now=now)
+            return self.database.fire(key_hash, None, **kw)
         if seq is None and self.redis is not None:
-            decision = self.redis.fire(key_hash, None, overlap=overlap, lease=lease, now=now)
+            decision = self.redis.fire(key_hash, None, **kw)
             if decision.action is not FireAction.MISSING:
                 return decision
-        return self.database.fire(key_hash, seq, overlap=overlap, lease=lease, now=now)
+        return self.database.fire(key_hash, seq, **kw)
 
-    def finish(self, key_hash, run_id, *, ok, error="", store=None):
-        return self._store(store).finish(key_hash, run_id, ok=ok, error=error)
+    def finish(self, key_hash, run_id, *, ok, error="", retry_in=None, store=None, now=None):
+        return self._store(store).finish(
+            key_hash, run_id, ok=ok, error=error, retry_in=retry_in, now=now
+        )
 
-    def watch(self, key_hash, at, *, store=None):
-        return self._store(store).watch(key_hash, at)
+    def watch(self, key_hash, at, *, store=None, now=None):
+        return self._store(store).watch(key_hash, at, now=now)
 
-    def heartbeat(self, key_hash, run_id, lease, *, store=None):
-        return self._store(store).heartbeat(key_hash, run_id, lease)
+    def heartbeat(self, key_hash, run_id, lease, *, store=None, now=None):
+        return self._store(store).heartbeat(key_hash, run_id, lease, now=now)
 
-    def flush(self, key_hash):
+    def flush(self, key_hash, *, now=None):
         redis = self._usable()
         if redis is not None:
-            dispatch = redis.flush(key_hash)
+            dispatch = redis.flush(key_hash, now=now)
             if dispatch is not None:
                 return dispatch
         # The row is the database store's state only when that store owns it; a row mirrored
         # from Redis is a record, not a flight.
         if redis is None or self._database_owns(key_hash):
-            return self.database.flush(key_hash)
+            return self.database.flush(key_hash, now=now)
         return None
 
-    def cancel(self, key_hash):
+    def cancel(self, key_hash, *, now=None):
         redis = self._usable()
-        dropped = redis.cancel(key_hash) if redis is not None else 0
+        dropped = redis.cancel(key_hash, now=now) if redis is not None else 0
         if redis is None or self._database_owns(key_hash):
-            dropped += self.database.cancel(key_hash)
+            dropped += self.database.cancel(key_hash, now=now)
         return dropped
 
     def due_keys(self, now=None, task_names=None):
@@ -172,14 +175,14 @@ class AutoBackend(BaseBackend):
         keys = redis.due_keys(now, task_names) if redis is not None else []
         return list(dict.fromkeys(keys + self.database.due_keys(now, task_names)))
 
-    def recover(self, *, grace, adopt=()):
+    def recover(self, *, grace, adopt=(), now=None):
         redis = self._usable()
         if redis is None:
-            return self.database.recover(grace=grace)
-        out = redis.recover(grace=grace)
+            return self.database.recover(grace=grace, now=now)
+        out = redis.recover(grace=grace, now=now)
         # Flights whose Redis state is gone (Redis restarted empty) run from the durable record.
         gone = redis.missing(redis.live_hashes())
-        return out + self.database.recover(grace=grace, adopt=gone)
+        return out + self.database.recover(grace=grace, adopt=gone, now=now)
 
     def live_state(self, key_hash):
         redis = self._usable()

@@ -15,8 +15,8 @@ from django_debounce.state import Dispatch, FireDecision, TriggerResult
 class BaseBackend:
     """Operations of DESIGN.md section 4. Every method is atomic in its store.
 
-    Times are the store's clock; ``now`` arguments exist only for ``run_due`` in tests
-    and replace that clock for one call.
+    Times are the store's clock; ``now`` arguments exist for ``run_due`` and the property
+    tests, and replace that clock for one call (``None``: the store's own clock).
     """
 
     name = "base"
@@ -32,8 +32,19 @@ class BaseBackend:
         max_wait: float | None,
         overlap: bool = False,
         payload_json: str | None = None,
+        leading: bool = False,
+        trailing: bool = True,
+        collect_limit: int | None = None,
+        now: datetime | None = None,
     ) -> tuple[TriggerResult, Dispatch | None, dict[str, Any] | None]:
         """Count one trigger (step 1).
+
+        Edges as lodash debounce: with ``leading``, a trigger that opens a flight when the
+        key's last trigger is ``wait`` or more ago (or its last run ``max_wait`` or more ago)
+        makes a flight due at once; with ``trailing=False`` a trigger that would open any
+        other flight is dropped (counted in ``cancelled``). With ``collect_limit`` (collect
+        mode) ``payload`` is one item; the flight keeps its distinct items in trigger order
+        and is due at once when it holds ``collect_limit`` of them.
 
         Returns ``(result, dispatch, undo)``: ``dispatch`` is the message the caller must
         publish (``None`` when the trigger was merged), ``undo`` what ``abort_trigger``
@@ -57,21 +68,38 @@ class BaseBackend:
         lease: float,
         now: datetime | None = None,
         store: str | None = None,
+        collect_limit: int | None = None,
     ) -> FireDecision:
         """Decide what a dispatch message does (step 2); claims the flight when it is due.
 
         ``seq=None`` skips the message fencing (in-process ``run_due``). ``store`` is the
-        store that issued the message (used by ``auto``, which holds two).
+        store that issued the message (used by ``auto``, which holds two). In collect mode a
+        claim takes at most ``collect_limit`` items; the rest stay pending as the next flight.
         """
         raise NotImplementedError
 
     def finish(
-        self, key_hash: str, run_id: int, *, ok: bool, error: str = "", store: str | None = None
+        self,
+        key_hash: str,
+        run_id: int,
+        *,
+        ok: bool,
+        error: str = "",
+        retry_in: float | None = None,
+        store: str | None = None,
+        now: datetime | None = None,
     ) -> Dispatch | None:
-        """Record the end of run ``run_id`` (step 3); returns the follow-up flight's message."""
+        """Record the end of run ``run_id`` (step 3); returns the follow-up flight's message.
+
+        ``retry_in`` (seconds, only with ``ok=False``): the run's triggers go back to pending
+        and the flight runs again no earlier than ``retry_in`` seconds from now, joined by any
+        trigger that arrives meanwhile; ``None`` records a final failure.
+        """
         raise NotImplementedError
 
-    def watch(self, key_hash: str, at: int, *, store: str | None = None) -> Dispatch | None:
+    def watch(
+        self, key_hash: str, at: int, *, store: str | None = None, now: datetime | None = None
+    ) -> Dispatch | None:
         """A lease watchdog arrived (``at``: the lease end it watches, microseconds).
 
         Redoes a run whose lease ran out (I7), schedules a flight left without a message,
@@ -80,16 +108,22 @@ class BaseBackend:
         raise NotImplementedError
 
     def heartbeat(
-        self, key_hash: str, run_id: int, lease: float, *, store: str | None = None
+        self,
+        key_hash: str,
+        run_id: int,
+        lease: float,
+        *,
+        store: str | None = None,
+        now: datetime | None = None,
     ) -> bool:
         """Extend the lease of run ``run_id`` to now + ``lease`` seconds (step 4)."""
         raise NotImplementedError
 
-    def flush(self, key_hash: str) -> Dispatch | None:
+    def flush(self, key_hash: str, *, now: datetime | None = None) -> Dispatch | None:
         """Make the pending flight due now (step 6); ``None`` when nothing is pending."""
         raise NotImplementedError
 
-    def cancel(self, key_hash: str) -> int:
+    def cancel(self, key_hash: str, *, now: datetime | None = None) -> int:
         """Drop the pending flight (step 6); returns how many triggers were dropped."""
         raise NotImplementedError
 
@@ -99,7 +133,9 @@ class BaseBackend:
         """``(task_name, key_hash)`` of keys whose flight is due at ``now`` (for ``run_due``)."""
         raise NotImplementedError
 
-    def recover(self, *, grace: float, adopt: Any = ()) -> list[tuple[str, Dispatch]]:
+    def recover(
+        self, *, grace: float, adopt: Any = (), now: datetime | None = None
+    ) -> list[tuple[str, Dispatch]]:
         """Step 5: redo runs whose lease ran out and re-dispatch flights whose message is
         overdue by more than ``grace`` seconds. Returns ``(task_name, dispatch)`` to publish."""
         raise NotImplementedError

@@ -23,6 +23,7 @@ from django.db.models.functions import Now
 from django.utils import timezone
 
 from django_debounce.backends.base import BaseBackend
+from django_debounce.keys import dumps
 from django_debounce.models import DebounceKey, DebounceRun
 from django_debounce.state import (
     Claim,
@@ -106,25 +107,36 @@ class DatabaseBackend(BaseBackend):
             run_id=row.run_id,
             outcome=DebounceRun.Outcome.RUNNING,
         ).update(outcome=DebounceRun.Outcome.LOST, finished_at=now, error="lease ran out")
+        self._unclaim(row, now)
+        row.last_outcome = DebounceRun.Outcome.LOST
+
+    def _unclaim(self, row: DebounceKey, now: datetime) -> None:
+        """The live run's triggers go back to pending (a lost run, or a failed one to retry);
+        its claim is taken out of the totals, so I6 counts them once, in the run that
+        finally covers them."""
         claimed = row.run_triggers
         row.runs = max(row.runs - 1, 0)
         row.merged = max(row.merged - max(claimed - 1, 0), 0)
         if row.pending == 0:
             row.flight_id += 1
             row.first_trigger_at = row.run_first_trigger_at
-            row.last_trigger_at = row.run_first_trigger_at
+            row.last_trigger_at = row.last_trigger_at or row.run_first_trigger_at
             row.payload = row.run_payload
             row.due_at = now
+            row.due_fixed = False
         else:
-            # Newer triggers keep their quiet period (I3); the lost run's triggers are older
-            # and are covered when this flight runs.
+            # Newer triggers keep their quiet period (I3); the run's triggers are older and
+            # are covered when this flight runs.
             row.first_trigger_at = min(row.first_trigger_at, row.run_first_trigger_at or now)
+            if isinstance(row.run_payload, list):  # collect: the run's items come first
+                row.payload = _union(row.run_payload, row.payload or [])
         row.pending += claimed
+        row.attempt = max(row.attempt, row.run_attempt)
         row.running_until = None
         row.run_triggers = 0
         row.run_payload = None
         row.run_first_trigger_at = None
-        row.last_outcome = DebounceRun.Outcome.LOST
+        row.run_attempt = 0
 
     def _adopt(self, row: DebounceKey) -> None:
         """Take over a row whose live state is in Redis (trigger during a Redis outage).
@@ -141,7 +153,11 @@ class DatabaseBackend(BaseBackend):
         row.run_triggers = 0
         row.run_payload = None
         row.run_first_trigger_at = None
+        row.run_attempt = 0
         row.watchdog_at = None
+        row.due_fixed = False
+        row.attempt = 0
+        row.not_before = None
 
     def _merge(
         self, alias: str, key_hash: str, payload: str, wait: float, max_wait: float | None
@@ -162,10 +178,23 @@ class DatabaseBackend(BaseBackend):
     # -- operations -----------------------------------------------------------------------
 
     def trigger(
-        self, *, task_name, key, key_hash, payload, wait, max_wait, overlap=False, payload_json=None
+        self,
+        *,
+        task_name,
+        key,
+        key_hash,
+        payload,
+        wait,
+        max_wait,
+        overlap=False,
+        payload_json=None,
+        leading=False,
+        trailing=True,
+        collect_limit=None,
+        now=None,
     ):
         alias = self.alias
-        if connections[alias].vendor == "postgresql":
+        if now is None and collect_limit is None and connections[alias].vendor == "postgresql":
             merged = self._merge(
                 alias, key_hash, payload_json or json.dumps(payload), wait, max_wait
             )
@@ -181,7 +210,7 @@ class DatabaseBackend(BaseBackend):
                 ],
                 ignore_conflicts=True,
             )
-            row, now = self._lock(key_hash)
+            row, now = self._lock(key_hash, now)
             assert row is not None
             if row.store != "database":
                 self._adopt(row)
@@ -192,18 +221,49 @@ class DatabaseBackend(BaseBackend):
                 "payload": row.payload,
                 "last_trigger_at": row.last_trigger_at,
                 "due_at": row.due_at,
+                "due_fixed": row.due_fixed,
                 "at": now,
             }
             if row.pending == 0:
+                edge = _edge(row, now, wait, max_wait, leading, trailing)
+                if edge == "drop":
+                    # trailing=False: inside the window of a leading run (lodash drops it)
+                    row.triggers += 1
+                    row.cancelled += 1
+                    row.last_trigger_at = now
+                    self._save(row)
+                    return TriggerResult(key, row.flight_id, 0, None, scheduled=False), None, None
                 row.flight_id += 1
                 row.first_trigger_at = now
+                row.payload = [] if collect_limit is not None else None
+                row.due_fixed = edge == "leading"
+                row.attempt = 0
+                row.not_before = None
             row.pending += 1
             row.triggers += 1
             row.last_trigger_at = now
-            row.payload = payload
-            due = now + timedelta(seconds=wait)
-            if max_wait is not None:
-                due = min(due, row.first_trigger_at + timedelta(seconds=max_wait))
+            full = False
+            if collect_limit is not None:
+                items = list(row.payload or [])
+                added = _add_item(items, payload)
+                undo["added"] = added
+                undo["item"] = payload
+                row.payload = items
+                full = len(items) >= collect_limit
+            else:
+                row.payload = payload
+            if row.due_fixed and row.due_at is not None:
+                due = row.due_at  # a leading or full flight is not delayed by later triggers
+            elif row.due_fixed or full:
+                due = now
+            else:
+                due = now + timedelta(seconds=wait)
+                if max_wait is not None:
+                    due = min(due, row.first_trigger_at + timedelta(seconds=max_wait))
+            if full:
+                row.due_fixed = True
+            if row.not_before is not None and due < row.not_before:
+                due = row.not_before  # a retry's backoff: later triggers join the retry
             row.due_at = due
             dispatch = None
             lost_message = (
@@ -213,7 +273,11 @@ class DatabaseBackend(BaseBackend):
             )
             if row.running_until is not None and not overlap:
                 dispatch = self._watchdog(row, now)  # the finishing run schedules the flight
-            elif not row.scheduled or lost_message:
+            elif (
+                not row.scheduled
+                or lost_message
+                or (row.scheduled_at is not None and row.scheduled_at > due)
+            ):
                 dispatch = self._schedule(row, due, now)
             self._save(row)
         result = TriggerResult(
@@ -245,17 +309,22 @@ class DatabaseBackend(BaseBackend):
                 row.flight_id -= 1 if undo["opened"] else 0
                 row.first_trigger_at = row.last_trigger_at = row.due_at = None
                 row.payload = None
+                row.due_fixed = False
             elif row.last_trigger_at == undo["at"] and undo["due_at"] is not None:
                 # No trigger came after the one taken back: the flight is as it was before it.
                 row.payload = undo["payload"]
                 row.last_trigger_at = undo["last_trigger_at"]
                 row.due_at = undo["due_at"]
+                row.due_fixed = undo.get("due_fixed", row.due_fixed)
+            elif undo.get("added") and isinstance(row.payload, list) and row.payload:
+                # Later triggers merged meanwhile: only the item this trigger added goes.
+                row.payload = [i for i in row.payload if dumps(i) != dumps(undo["item"])]
             # Otherwise later triggers merged meanwhile (believing a message was out): they keep
             # their payload and due time, and with no message outstanding now, the next trigger
             # or recovery publishes one for them.
             self._save(row)
 
-    def fire(self, key_hash, seq, *, overlap, lease, now=None, store=None):
+    def fire(self, key_hash, seq, *, overlap, lease, now=None, store=None, collect_limit=None):
         with transaction.atomic(using=self.alias):
             row, now = self._lock(key_hash, now)
             if row is None:
@@ -285,7 +354,7 @@ class DatabaseBackend(BaseBackend):
                 dispatch = self._watchdog(row, now)
                 self._save(row)
                 return FireDecision(FireAction.WAIT, dispatch=dispatch)
-            claim = self._claim(row, now, lease)
+            claim, follow = self._claim(row, now, lease, collect_limit)
             self._save(row)
             DebounceRun.objects.using(self.alias).create(
                 debounce_key_id=row.pk,
@@ -293,6 +362,7 @@ class DatabaseBackend(BaseBackend):
                 task_name=row.task_name,
                 flight_id=claim.flight_id,
                 run_id=claim.run_id,
+                attempt=claim.attempt,
                 triggers=claim.triggers,
                 first_trigger_at=claim.first_trigger_at,
                 last_trigger_at=claim.last_trigger_at,
@@ -300,57 +370,108 @@ class DatabaseBackend(BaseBackend):
                 started_at=now,
                 delay=_seconds(now - claim.last_trigger_at),
             )
-        return FireDecision(FireAction.CLAIM, claim=claim)
+        return FireDecision(FireAction.CLAIM, claim=claim, dispatch=follow)
 
-    def _claim(self, row: DebounceKey, now: datetime, lease: float) -> Claim:
+    def _claim(
+        self, row: DebounceKey, now: datetime, lease: float, collect_limit: int | None
+    ) -> tuple[Claim, Dispatch | None]:
+        """Turn the due flight into run ``run_id + 1``. In collect mode a run takes at most
+        ``collect_limit`` items; the rest (one trigger each) stay pending as the next flight,
+        with the flight's times, due at once when still full. Returns the claim and, with
+        overlap, the message for that next flight."""
         row.run_id += 1
+        payload, rest = row.payload, None
+        if collect_limit is not None and isinstance(payload, list) and len(payload) > collect_limit:
+            payload, rest = payload[:collect_limit], payload[collect_limit:]
+        claimed = row.pending - (len(rest) if rest else 0)
         claim = Claim(
             key_hash=row.key_hash,
             key=row.key,
             task_name=row.task_name,
             run_id=row.run_id,
             flight_id=row.flight_id,
-            triggers=row.pending,
-            payload=row.payload,
+            triggers=claimed,
+            payload=payload,
             first_trigger_at=row.first_trigger_at,
             last_trigger_at=row.last_trigger_at,
             due_at=row.due_at,
             started_at=now,
+            attempt=row.attempt,
         )
         row.running_until = now + timedelta(seconds=lease)
-        row.run_triggers = row.pending
-        row.run_payload = row.payload
+        row.run_triggers = claimed
+        row.run_payload = payload
         row.run_first_trigger_at = row.first_trigger_at
+        row.run_attempt = row.attempt
         row.runs += 1
-        row.merged += row.pending - 1
-        row.pending = 0
-        row.payload = None
-        row.first_trigger_at = None
-        row.due_at = None
+        row.merged += claimed - 1
+        row.attempt = 0
+        row.not_before = None
         row.scheduled = False
         row.scheduled_at = None
         row.last_run_at = now
-        return claim
+        follow = None
+        if rest:
+            row.flight_id += 1
+            row.pending = len(rest)
+            row.payload = rest
+            row.due_fixed = len(rest) >= (collect_limit or 0)
+            row.due_at = now if row.due_fixed else row.due_at
+            if row.overlap:
+                follow = self._schedule(row, row.due_at, now)
+        else:
+            row.pending = 0
+            row.payload = None
+            row.first_trigger_at = None
+            row.due_at = None
+            row.due_fixed = False
+        return claim, follow
 
-    def finish(self, key_hash, run_id, *, ok, error="", store=None):
-        outcome = DebounceRun.Outcome.SUCCESS if ok else DebounceRun.Outcome.FAILURE
+    def finish(self, key_hash, run_id, *, ok, error="", retry_in=None, store=None, now=None):
+        if ok:
+            outcome = DebounceRun.Outcome.SUCCESS
+        elif retry_in is not None:
+            outcome = DebounceRun.Outcome.RETRY
+        else:
+            outcome = DebounceRun.Outcome.FAILURE
         with transaction.atomic(using=self.alias):
-            row, now = self._lock(key_hash)
+            row, now = self._lock(key_hash, now)
             if row is None:
                 return None
+            self._recover_lease(row, now)
+            current = row.run_id == run_id and row.running_until is not None
             DebounceRun.objects.using(self.alias).filter(
                 debounce_key_id=row.pk,
                 store="database",
                 run_id=run_id,
                 outcome=DebounceRun.Outcome.RUNNING,
-            ).update(outcome=outcome, finished_at=now, error=error)
-            if row.run_id != run_id or row.running_until is None:
-                return None  # a late finisher after its lease ran out changes nothing
-            row.running_until = None
-            row.run_triggers = 0
-            row.run_payload = None
-            row.run_first_trigger_at = None
+            ).update(
+                outcome=outcome if current else DebounceRun.Outcome.LOST,
+                finished_at=now,
+                error=error if current else (error or "finished after its lease ran out"),
+            )
+            if not current:
+                # A late finisher after its lease ran out changes nothing; the flight its lost
+                # run went back to (recovered just now) gets its message.
+                dispatch = None
+                if row.pending and row.running_until is None and not row.scheduled:
+                    dispatch = self._schedule(row, max(row.due_at or now, now), now)
+                self._save(row)
+                return dispatch
             row.last_outcome = outcome
+            if outcome == DebounceRun.Outcome.RETRY:
+                attempt = row.run_attempt + 1
+                self._unclaim(row, now)
+                row.attempt = attempt
+                row.not_before = now + timedelta(seconds=max(retry_in, 0.0))
+                row.due_at = max(row.due_at or now, row.not_before)
+                row.due_fixed = False
+            else:
+                row.running_until = None
+                row.run_triggers = 0
+                row.run_payload = None
+                row.run_first_trigger_at = None
+                row.run_attempt = 0
             dispatch = None
             if row.pending:
                 at = max(row.due_at or now, now)
@@ -359,9 +480,9 @@ class DatabaseBackend(BaseBackend):
             self._save(row)
         return dispatch
 
-    def watch(self, key_hash, at, *, store=None):
+    def watch(self, key_hash, at, *, store=None, now=None):
         with transaction.atomic(using=self.alias):
-            row, now = self._lock(key_hash)
+            row, now = self._lock(key_hash, now)
             if row is None or row.store != "database":
                 return None
             self._recover_lease(row, now)
@@ -381,9 +502,9 @@ class DatabaseBackend(BaseBackend):
             self._save(row)
         return dispatch
 
-    def heartbeat(self, key_hash, run_id, lease, *, store=None):
+    def heartbeat(self, key_hash, run_id, lease, *, store=None, now=None):
         with transaction.atomic(using=self.alias):
-            row, now = self._lock(key_hash)
+            row, now = self._lock(key_hash, now)
             if row is None or row.run_id != run_id or row.running_until is None:
                 return False
             if row.running_until < now:
@@ -392,19 +513,20 @@ class DatabaseBackend(BaseBackend):
             self._save(row)
         return True
 
-    def flush(self, key_hash):
+    def flush(self, key_hash, *, now=None):
         with transaction.atomic(using=self.alias):
-            row, now = self._lock(key_hash)
+            row, now = self._lock(key_hash, now)
             if row is None or row.pending == 0:
                 return None
             row.due_at = now
+            row.not_before = None
             dispatch = self._schedule(row, now, now)
             self._save(row)
         return dispatch
 
-    def cancel(self, key_hash):
+    def cancel(self, key_hash, *, now=None):
         with transaction.atomic(using=self.alias):
-            row, _now = self._lock(key_hash)
+            row, _now = self._lock(key_hash, now)
             if row is None or row.pending == 0:
                 return 0
             dropped = row.pending
@@ -412,6 +534,9 @@ class DatabaseBackend(BaseBackend):
             row.pending = 0
             row.payload = None
             row.first_trigger_at = row.last_trigger_at = row.due_at = None
+            row.due_fixed = False
+            row.attempt = 0
+            row.not_before = None
             row.scheduled_seq += 1  # any outstanding message is now stale
             row.scheduled = False
             row.scheduled_at = None
@@ -424,17 +549,19 @@ class DatabaseBackend(BaseBackend):
             qs = qs.filter(task_name__in=task_names)
         return list(qs.order_by("due_at").values_list("task_name", "key_hash"))
 
-    def recover(self, *, grace, adopt=()):
+    def recover(self, *, grace, adopt=(), now=None):
         """Step 5 on rows this store owns, plus ``adopt``: key hashes of rows mirrored from
         Redis whose Redis state is gone (a Redis restarted empty); those flights are then run
         from their durable record."""
         out: list[tuple[str, Dispatch]] = []
         qs = DebounceKey.objects.using(self.alias).filter(
-            Q(store="database") | Q(key_hash__in=list(adopt))
+            Q(store="database") | Q(key_hash__in=list(adopt)),
+            state__in=[State.PENDING, State.RUNNING],  # the state index: idle rows need nothing
         )
-        cutoff = timezone.now() - timedelta(seconds=grace)
+        clock = now or timezone.now()
+        cutoff = clock - timedelta(seconds=grace)
         candidates = (
-            list(qs.filter(running_until__lt=timezone.now()).values_list("key_hash", flat=True))
+            list(qs.filter(running_until__lt=clock).values_list("key_hash", flat=True))
             + list(
                 qs.filter(pending__gt=0, scheduled=False, running_until__isnull=True).values_list(
                     "key_hash", flat=True
@@ -448,7 +575,7 @@ class DatabaseBackend(BaseBackend):
         )
         for key_hash in dict.fromkeys(candidates):
             try:
-                dispatch = self._recover_one(key_hash, grace)
+                dispatch = self._recover_one(key_hash, grace, now)
             except Exception:  # one bad row must not stop the recovery of every other key
                 logger.exception("django_debounce: recovery of key %s failed", key_hash)
                 continue
@@ -456,10 +583,12 @@ class DatabaseBackend(BaseBackend):
                 out.append(dispatch)
         return out
 
-    def _recover_one(self, key_hash: str, grace: float) -> tuple[str, Dispatch] | None:
+    def _recover_one(
+        self, key_hash: str, grace: float, now: datetime | None = None
+    ) -> tuple[str, Dispatch] | None:
         out = None
         with transaction.atomic(using=self.alias):
-            row, now = self._lock(key_hash)
+            row, now = self._lock(key_hash, now)
             if row is None:
                 return None
             self._recover_lease(row, now)
@@ -511,11 +640,62 @@ _MERGE_SQL = (
 )
 
 
+def _edge(
+    row: DebounceKey,
+    now: datetime,
+    wait: float,
+    max_wait: float | None,
+    leading: bool,
+    trailing: bool,
+) -> str:
+    """How a trigger that opens a flight starts it (edge semantics as lodash debounce).
+
+    ``"leading"``: with ``leading``, when the key's last trigger is ``wait`` or more ago
+    (lodash's ``timeSinceLastCall >= wait``), or its last run started ``max_wait`` or more ago
+    (``timeSinceLastInvoke >= maxWait``): the flight is due at once. ``"drop"``: with
+    ``trailing=False``, any other trigger (it falls inside the window of a leading run).
+    ``"trailing"``: a flight due ``wait`` after its last trigger.
+    """
+    if leading:
+        last = row.last_trigger_at
+        if last is None or (now - last).total_seconds() >= wait:
+            return "leading"
+        ran = row.last_run_at
+        if max_wait is not None and (ran is None or (now - ran).total_seconds() >= max_wait):
+            return "leading"
+    return "trailing" if trailing else "drop"
+
+
+def _add_item(items: list, item: object) -> bool:
+    """Append ``item`` unless an equal JSON value is there (collect keeps distinct items in
+    trigger order); returns whether it was added."""
+    encoded = dumps(item)
+    if any(dumps(i) == encoded for i in items):
+        return False
+    items.append(item)
+    return True
+
+
+def _union(first: list, then: list) -> list:
+    """``first`` followed by the items of ``then`` not already in it (by JSON value)."""
+    out = list(first)
+    seen = {dumps(i) for i in out}
+    for item in then:
+        if dumps(item) not in seen:
+            seen.add(dumps(item))
+            out.append(item)
+    return out
+
+
 def _merge_until(row: DebounceKey) -> datetime | None:
     """Until when a trigger of this key only merges (same rule as ``merge_until`` in the Redis
     store's Lua): a flight is open with its dispatch message outstanding and not overdue, or a
-    live run (no overlap) will schedule it and its lease watchdog is parked."""
-    if row.pending == 0:
+    live run (no overlap) will schedule it and its lease watchdog is parked. A flight whose
+    due time is fixed (leading edge, full batch) or held by a retry backoff, and collected
+    flights (whose payload is a list), always take the full path."""
+    if row.pending == 0 or row.due_fixed or row.not_before is not None:
+        return None
+    if isinstance(row.payload, list):
         return None
     grace = timedelta(seconds=_grace())
     if row.running_until is None:

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import threading
 import time
 from datetime import datetime
 from datetime import timezone as dt_timezone
@@ -26,7 +28,9 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, router, transaction
 from django.utils import timezone
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from django_debounce import conf
 from django_debounce.backends.base import BaseBackend
@@ -67,6 +71,23 @@ def _s(value: bytes | str) -> str:
 def redis_key(key_hash: str) -> str:
     """The Redis key holding the state of ``key_hash`` (hash-tagged for Redis Cluster)."""
     return f"debounce:{{{key_hash}}}"
+
+
+def redis_keys(key_hash: str) -> list[str]:
+    """Every Redis key of ``key_hash``: the state hash, then the sorted sets of collected
+    items (pending, and claimed by the live run). One hash slot."""
+    base = redis_key(key_hash)
+    return [base, base + ":c", base + ":r"]
+
+
+def _pack(parts: list[bytes]) -> bytes:
+    """RESP bulk strings of ``parts``, without the array header."""
+    return b"".join(b"$%d\r\n%s\r\n" % (len(p), p) for p in parts)
+
+
+def _now(now: datetime | None) -> int:
+    """ARGV[1] of every script: the time override in microseconds, 0 for Redis ``TIME``."""
+    return _us(now) if now is not None else 0
 
 
 class RedisBackend(BaseBackend):
@@ -111,15 +132,80 @@ class RedisBackend(BaseBackend):
             scripts[op] = self.client.register_script(source)
         return scripts
 
-    def _run(self, op: str, rkey: str, args: list[Any]) -> Any:
-        """EVALSHA of script ``op`` on one key; loads it again after NOSCRIPT (a restarted or
-        flushed server). One round trip in the normal case."""
-        script = self.scripts[op]
+    @cached_property
+    def _direct(self) -> threading.local | None:
+        """Per-thread state of the direct trigger path, or ``None`` when the client is not a
+        plain ``redis.Redis`` on a ``ConnectionPool`` (Sentinel, Cluster: the normal path)."""
+        import redis
+
+        client = self.client
+        pool = getattr(client, "connection_pool", None)
+        if type(client) is not redis.Redis or type(pool) not in (
+            redis.ConnectionPool,
+            redis.BlockingConnectionPool,
+        ):
+            return None
+        self._tails: dict[tuple[Any, ...], bytes] = {}
+        return threading.local()
+
+    def _send_direct(self, packed: bytes) -> Any:
+        """Send one packed command on a connection this thread keeps for the trigger hot path
+        and read its reply: the hot path skips redis-py's per-command machinery (pool
+        checkout, retries, observability), which costs more than the script itself. The
+        connection is made with the pool's own settings (host, TLS, timeouts) and made again
+        after a fork. Errors are those of the normal path (``ConnectionError``,
+        ``TimeoutError``, ``ResponseError`` such as ``NoScriptError``); the connection is
+        dropped on a connection error."""
+        local = self._direct
+        assert local is not None
+        conn = getattr(local, "conn", None)
+        if conn is None or local.pid != os.getpid():
+            pool = self.client.connection_pool
+            conn = local.conn = pool.connection_class(**pool.connection_kwargs)
+            local.pid = os.getpid()
         try:
-            return self.client.evalsha(script.sha, 1, rkey, *args)
+            conn.send_packed_command([packed], check_health=False)
+            return conn.read_response()
+        except (RedisConnectionError, RedisTimeoutError, OSError):
+            conn.disconnect()
+            raise
+
+    def _trigger_hot(self, rkey: str, payload: str, tail: tuple[Any, ...]) -> Any:
+        """``EVALSHA trigger 1 rkey 0 payload *tail`` through ``_send_direct``; the constant
+        head and tail of the command are packed once per task configuration."""
+        packed_tail = self._tails.get(tail)
+        sha = self.scripts["trigger"].sha
+        if packed_tail is None:
+            packed_tail = self._tails[tail] = _pack([str(a).encode() for a in tail])
+        head = b"*%d\r\n$7\r\nEVALSHA\r\n$40\r\n%s\r\n$1\r\n1\r\n" % (6 + len(tail), sha.encode())
+        k = rkey.encode()
+        p = payload.encode()
+        return self._send_direct(
+            b"".join(
+                (
+                    head,
+                    b"$%d\r\n" % len(k),
+                    k,
+                    b"\r\n$1\r\n0\r\n$%d\r\n" % len(p),
+                    p,
+                    b"\r\n",
+                    packed_tail,
+                )
+            )
+        )
+
+    def _run(self, op: str, keys: str | list[str], args: list[Any]) -> Any:
+        """EVALSHA of script ``op`` on one key (``keys`` a str) or the keys of one debounce key;
+        loads it again after NOSCRIPT (a restarted or flushed server). One round trip in the
+        normal case."""
+        script = self.scripts[op]
+        if isinstance(keys, str):
+            keys = [keys]
+        try:
+            return self.client.evalsha(script.sha, len(keys), *keys, *args)
         except NoScriptError:
             script.sha = self.client.script_load(script.script)
-            return self.client.evalsha(script.sha, 1, rkey, *args)
+            return self.client.evalsha(script.sha, len(keys), *keys, *args)
 
     @property
     def alias(self) -> str:
@@ -174,6 +260,10 @@ class RedisBackend(BaseBackend):
                 "M",
                 "C",
                 "lr",
+                "df",
+                "ra",
+                "nb",
+                "rr",
             )
         }
         fields = {
@@ -201,6 +291,10 @@ class RedisBackend(BaseBackend):
             "run_triggers": num["rt"],
             "run_payload": json.loads(raw["rp"]) if raw.get("rp") else None,
             "run_first_trigger_at": _dt(num["rf"]),
+            "run_attempt": num["rr"],
+            "due_fixed": bool(num["df"]),
+            "attempt": num["ra"],
+            "not_before": _dt(num["nb"]),
             "triggers": num["T"],
             "runs": num["R"],
             "merged": num["M"],
@@ -252,7 +346,20 @@ class RedisBackend(BaseBackend):
     # -- operations -----------------------------------------------------------------------
 
     def trigger(
-        self, *, task_name, key, key_hash, payload, wait, max_wait, overlap=False, payload_json=None
+        self,
+        *,
+        task_name,
+        key,
+        key_hash,
+        payload,
+        wait,
+        max_wait,
+        overlap=False,
+        payload_json=None,
+        leading=False,
+        trailing=True,
+        collect_limit=None,
+        now=None,
     ):
         grace, ttl = self._limits()
         encoded = (
@@ -261,18 +368,28 @@ class RedisBackend(BaseBackend):
             else json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
         )
         args = [
+            _now(now),
             encoded,
             int(wait * US),
             -1 if max_wait is None else int(max_wait * US),
             grace,
             ttl,
             int(overlap),
+            (2 if not trailing else 1) if leading else 0,
+            collect_limit or 0,
         ]
-        rkey = redis_key(key_hash)
-        out = self._run("trigger", rkey, args)
+        keys: str | list[str] = redis_keys(key_hash) if collect_limit else redis_key(key_hash)
+        out = None
+        if now is None and not collect_limit and self._direct is not None:
+            try:
+                out = self._trigger_hot(keys, encoded, tuple(args[2:]))  # type: ignore[arg-type]
+            except NoScriptError:
+                out = None  # the normal path loads the script again
+        if out is None:
+            out = self._run("trigger", keys, args)
         if len(out) == 1:  # new to Redis: continue the durable record's counters
             args += [key, task_name, int(time.time() * US), self._seed(key_hash)]
-            out = self._run("trigger", rkey, args)
+            out = self._run("trigger", keys, args)
         if len(out) == 3:  # merged into the open flight: nothing to publish or record
             return TriggerResult(key, out[0], out[1], _dt(out[2]), False), None, None
         (
@@ -285,10 +402,12 @@ class RedisBackend(BaseBackend):
             prev_pl,
             prev_lt,
             prev_d,
-            _now,
+            _now_us,
             lost,
             snap,
             kind,
+            prev_df,
+            added,
         ) = out
         if snap:
             self._record(key_hash, snap, lost_run=int(lost))
@@ -303,11 +422,14 @@ class RedisBackend(BaseBackend):
             scheduled=kind == "fire",
         )
         undo = {
-            "at": int(_now),
+            "at": int(_now_us),
             "opened": int(opened),
             "payload": _s(prev_pl),
             "last": int(prev_lt),
             "due": int(prev_d),
+            "due_fixed": int(prev_df),
+            "added": int(added),
+            "item": encoded,
         }
         return result, dispatch, undo
 
@@ -315,8 +437,9 @@ class RedisBackend(BaseBackend):
         grace, ttl = self._limits()
         out = self._run(
             "abort",
-            redis_key(key_hash),
+            redis_keys(key_hash),
             [
+                0,
                 seq,
                 undo["opened"],
                 undo["payload"],
@@ -326,24 +449,20 @@ class RedisBackend(BaseBackend):
                 ttl,
                 undo.get("kind", "fire"),
                 undo["at"],
+                undo.get("due_fixed", 0),
+                undo.get("added", 0),
+                undo.get("item", ""),
             ],
         )
         if int(out[0]):
             self._record(key_hash, out[1])
 
-    def fire(self, key_hash, seq, *, overlap, lease, now=None, store=None):
+    def fire(self, key_hash, seq, *, overlap, lease, now=None, store=None, collect_limit=None):
         grace, ttl = self._limits()
         out = self._run(
             "fire",
-            redis_key(key_hash),
-            [
-                -1 if seq is None else seq,
-                int(overlap),
-                int(lease * US),
-                _us(now) if now else 0,
-                grace,
-                ttl,
-            ],
+            redis_keys(key_hash),
+            [_now(now), -1 if seq is None else seq, int(overlap), int(lease * US), grace, ttl],
         )
         action = int(out[0])
         if action == -1:
@@ -360,7 +479,22 @@ class RedisBackend(BaseBackend):
             at = int(out[2])
             watchdog = Dispatch(key_hash, at, int(out[3]) / US, self.store, "watch") if at else None
             return FireDecision(FireAction.WAIT, dispatch=watchdog)
-        _a, _l, run_id, flight_id, claimed, payload, first, last, due, started, snap = out
+        (
+            _a,
+            _l,
+            run_id,
+            flight_id,
+            claimed,
+            payload,
+            first,
+            last,
+            due,
+            started,
+            snap,
+            attempt,
+            fseq,
+            fcd,
+        ) = out
         self._record(key_hash, snap)
         raw = {_s(snap[i]): _s(snap[i + 1]) for i in range(0, len(snap), 2)}
         claim = Claim(
@@ -376,83 +510,105 @@ class RedisBackend(BaseBackend):
             due_at=_dt(due),
             started_at=_dt(started),
             store=self.store,
+            attempt=int(attempt),
         )
+        self._record_run(key_hash, claim)
+        follow = Dispatch(key_hash, int(fseq), int(fcd) / US, self.store) if int(fseq) else None
+        return FireDecision(FireAction.CLAIM, claim=claim, dispatch=follow)
+
+    def _record_run(self, key_hash: str, claim: Claim) -> None:
+        """The ``DebounceRun`` row of a claim (best effort: the claim stands either way)."""
         row = (
             DebounceKey.objects.using(self.alias)
             .filter(key_hash=key_hash)
             .values_list("pk", flat=True)
             .first()
         )
-        if row is not None:
-            try:
-                with transaction.atomic(using=self.alias):
-                    DebounceRun.objects.using(self.alias).create(
-                        debounce_key_id=row,
-                        store="redis",
-                        task_name=claim.task_name,
-                        flight_id=claim.flight_id,
-                        run_id=claim.run_id,
-                        triggers=claim.triggers,
-                        first_trigger_at=claim.first_trigger_at,
-                        last_trigger_at=claim.last_trigger_at,
-                        due_at=claim.due_at,
-                        started_at=claim.started_at,
-                        delay=max((claim.started_at - claim.last_trigger_at).total_seconds(), 0.0),
-                    )
-            except DatabaseError:
-                # The claim stands (the body must run); only its history row is missing.
-                logger.error(
-                    "django_debounce: run %s of %s already recorded", claim.run_id, claim.key
+        if row is None:
+            return
+        try:
+            with transaction.atomic(using=self.alias):
+                DebounceRun.objects.using(self.alias).create(
+                    debounce_key_id=row,
+                    store="redis",
+                    task_name=claim.task_name,
+                    flight_id=claim.flight_id,
+                    run_id=claim.run_id,
+                    attempt=claim.attempt,
+                    triggers=claim.triggers,
+                    first_trigger_at=claim.first_trigger_at,
+                    last_trigger_at=claim.last_trigger_at,
+                    due_at=claim.due_at,
+                    started_at=claim.started_at,
+                    delay=max((claim.started_at - claim.last_trigger_at).total_seconds(), 0.0),
                 )
-        return FireDecision(FireAction.CLAIM, claim=claim)
+        except DatabaseError:
+            # The claim stands (the body must run); only its history row is missing.
+            logger.error("django_debounce: run %s of %s already recorded", claim.run_id, claim.key)
 
-    def finish(self, key_hash, run_id, *, ok, error="", store=None):
+    def finish(self, key_hash, run_id, *, ok, error="", retry_in=None, store=None, now=None):
         grace, ttl = self._limits()
-        applied, seq, countdown, now, snap = self._run(
-            "finish", redis_key(key_hash), [run_id, int(ok), grace, ttl]
+        retry_us = -1 if ok or retry_in is None else int(max(retry_in, 0.0) * US)
+        applied, seq, countdown, now_us, snap, lost = self._run(
+            "finish",
+            redis_keys(key_hash),
+            [_now(now), run_id, int(ok), grace, ttl, retry_us],
         )
+        if not int(applied):
+            if int(lost):
+                self._record(key_hash, snap, lost_run=int(lost))
+            self._mark_lost(key_hash, run_id)
+            return (
+                Dispatch(key_hash, int(seq), int(countdown) / US, self.store) if int(seq) else None
+            )
+        if ok:
+            outcome = DebounceRun.Outcome.SUCCESS
+        elif retry_us >= 0:
+            outcome = DebounceRun.Outcome.RETRY
+        else:
+            outcome = DebounceRun.Outcome.FAILURE
         try:
             DebounceRun.objects.using(self.alias).filter(
                 debounce_key__key_hash=key_hash,
                 store="redis",
                 run_id=run_id,
                 outcome=DebounceRun.Outcome.RUNNING,
-            ).update(
-                outcome=DebounceRun.Outcome.SUCCESS if ok else DebounceRun.Outcome.FAILURE,
-                finished_at=_dt(now),
-                error=error,
-            )
+            ).update(outcome=outcome, finished_at=_dt(now_us), error=error)
         except DatabaseError:  # Redis has the finish; the follow-up must still be published
             logger.exception("django_debounce: could not record the end of run %s", run_id)
-        if not int(applied):
-            return None
         self._record(key_hash, snap)
         seq = int(seq)
         return Dispatch(key_hash, seq, int(countdown) / US, self.store) if seq else None
 
-    def watch(self, key_hash, at, *, store=None):
+    def watch(self, key_hash, at, *, store=None, now=None):
         grace, ttl = self._limits()
-        seq, countdown, kind, lost, snap = self._run("watch", redis_key(key_hash), [at, grace, ttl])
+        seq, countdown, kind, lost, snap = self._run(
+            "watch", redis_keys(key_hash), [_now(now), at, grace, ttl]
+        )
         if snap:
             self._record(key_hash, snap, lost_run=int(lost))
         seq = int(seq)
         return Dispatch(key_hash, seq, int(countdown) / US, self.store, _s(kind)) if seq else None
 
-    def heartbeat(self, key_hash, run_id, lease, *, store=None):
+    def heartbeat(self, key_hash, run_id, lease, *, store=None, now=None):
         grace, ttl = self._limits()
         return bool(
-            self._run("heartbeat", redis_key(key_hash), [run_id, int(lease * US), grace, ttl])
+            self._run(
+                "heartbeat",
+                redis_keys(key_hash),
+                [_now(now), run_id, int(lease * US), grace, ttl],
+            )
         )
 
-    def flush(self, key_hash):
+    def flush(self, key_hash, *, now=None):
         grace, ttl = self._limits()
-        (seq,) = self._run("flush", redis_key(key_hash), [grace, ttl])
+        (seq,) = self._run("flush", redis_keys(key_hash), [_now(now), grace, ttl])
         seq = int(seq)
         return Dispatch(key_hash, seq, 0.0, self.store) if seq else None
 
-    def cancel(self, key_hash):
+    def cancel(self, key_hash, *, now=None):
         grace, ttl = self._limits()
-        dropped, snap = self._run("cancel", redis_key(key_hash), [grace, ttl])
+        dropped, snap = self._run("cancel", redis_keys(key_hash), [_now(now), grace, ttl])
         self._record(key_hash, snap)
         return int(dropped)
 
@@ -494,13 +650,13 @@ class RedisBackend(BaseBackend):
         """Key hashes of rows mirrored from Redis that are not idle."""
         return [h for _t, h in self._live()]
 
-    def recover(self, *, grace, adopt=()):
+    def recover(self, *, grace, adopt=(), now=None):
         _grace, ttl = self._limits()
         out: list[tuple[str, Dispatch]] = []
         for task_name, h in self._live():
             try:
                 lost, seq, countdown, snap = self._run(
-                    "recover", redis_key(h), [int(grace * US), ttl]
+                    "recover", redis_keys(h), [_now(now), int(grace * US), ttl]
                 )
             except Exception:  # one bad key must not stop the recovery of every other key
                 logger.exception("django_debounce: recovery of key %s failed", h)

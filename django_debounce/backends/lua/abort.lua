@@ -1,17 +1,19 @@
 -- Take back a trigger whose dispatch message could not be published (I8).
--- ARGV: seq, opened (0/1), prev_payload, prev_last_us, prev_due_us, grace_us, ttl_ms,
---       kind ('fire': seq is the flight message's; 'watch': seq is the watchdog's time),
---       at_us (the time of the trigger taken back). Returns {1, snapshot} or {0}.
+-- ARGV: now_us (0: Redis TIME), seq, opened (0/1), prev_payload, prev_last_us, prev_due_us,
+--       grace_us, ttl_ms, kind ('fire': seq is the flight message's; 'watch': seq is the
+--       watchdog's time), at_us (the time of the trigger taken back), prev_due_fixed (0/1),
+--       added (1: the trigger added its item to a collected flight), item
+-- Returns {1, snapshot} or {0}.
 local h = KEYS[1]
 if redis.call('EXISTS', h) == 0 then return {0} end
 local now = clock()
 local s = load_state(h)
 if s.p == 0 then return {0} end
-if ARGV[8] == 'watch' then
-  if s.wa ~= tonumber(ARGV[1]) then return {0} end
+if ARGV[9] == 'watch' then
+  if s.wa ~= tonumber(ARGV[2]) then return {0} end
   s.wa = 0
 else
-  if s.q ~= tonumber(ARGV[1]) or s.sc == 0 then return {0} end
+  if s.q ~= tonumber(ARGV[2]) or s.sc == 0 then return {0} end
   s.sc = 0
   s.sa = 0
 end
@@ -19,16 +21,19 @@ s.p = s.p - 1
 s.T = s.T - 1
 local extra = nil
 if s.p == 0 then
-  if ARGV[2] == '1' then s.f = s.f - 1 end
-  s.ft, s.lt, s.d = 0, 0, 0
+  if ARGV[3] == '1' then s.f = s.f - 1 end
+  s.ft, s.lt, s.d, s.df = 0, 0, 0, 0
   extra = {'pl', ''}
-elseif s.lt == tonumber(ARGV[9]) and tonumber(ARGV[5]) > 0 then
+  if s.cl > 0 then redis.call('DEL', KEYS[2]) end
+elseif s.lt == tonumber(ARGV[10]) and tonumber(ARGV[6]) > 0 then
   -- no trigger came after the one taken back: the flight is as it was before it
-  s.lt = tonumber(ARGV[4])
-  s.d = tonumber(ARGV[5])
-  extra = {'pl', ARGV[3]}
+  s.lt = tonumber(ARGV[5])
+  s.d = tonumber(ARGV[6])
+  s.df = tonumber(ARGV[11])
+  if s.cl == 0 then extra = {'pl', ARGV[4]} end
 end
+if s.p > 0 and s.cl > 0 and ARGV[12] == '1' then redis.call('ZREM', KEYS[2], ARGV[13]) end
 -- otherwise later triggers merged meanwhile: they keep their payload and due time, and with
 -- no message outstanding the next trigger or recovery publishes one for them
-save(h, s, now, tonumber(ARGV[7]), tonumber(ARGV[6]), extra)
+save(h, s, now, tonumber(ARGV[8]), tonumber(ARGV[7]), extra)
 return {1, snapshot(h)}

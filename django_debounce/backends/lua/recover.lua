@@ -1,9 +1,10 @@
--- Redo a lost run, re-dispatch a flight whose message is overdue. ARGV: grace_us, ttl_ms
--- Returns {lost_run_id, seq, countdown_us, snapshot}
+-- Redo a lost run, re-dispatch a flight whose message is overdue.
+-- ARGV: now_us (0: Redis TIME), grace_us, ttl_ms. Returns {lost_run_id, seq, countdown_us,
+-- snapshot}
 local h = KEYS[1]
 if redis.call('EXISTS', h) == 0 then return {0, '0', '0', {}} end
 local now = clock()
-local grace = tonumber(ARGV[1])
+local grace = tonumber(ARGV[2])
 local s = load_state(h)
 local lost = recover_lease(h, s, now)
 local seq, cd = 0, 0
@@ -11,5 +12,5 @@ if s.p > 0 and s.ru == 0 and (s.sc == 0 or s.sa + grace < now) then
   cd = schedule(s, math.max(s.d, now), now)
   seq = s.q
 end
-save(h, s, now, tonumber(ARGV[2]), grace)
+save(h, s, now, tonumber(ARGV[3]), grace)
 return {lost, fmt(seq), fmt(cd), snapshot(h)}

@@ -3,6 +3,7 @@ leases and lost dispatch messages, and print what was (or would be) done."""
 
 from __future__ import annotations
 
+import difflib
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -81,10 +82,14 @@ class Command(BaseCommand):
                 get_debounced_task(task)
             except UnknownTask:
                 if task not in known:
-                    names = ", ".join(sorted(known | registered_names())[:20]) or "none yet"
+                    candidates = sorted(known | registered_names())
+                    close = difflib.get_close_matches(task, candidates, n=3)
+                    hint = f" Did you mean {' or '.join(map(repr, close))}?" if close else ""
+                    names = ", ".join(candidates[:20]) + (", ..." if len(candidates) > 20 else "")
                     raise CommandError(
                         f"--task {task!r} is neither a registered debounced task nor recorded "
-                        f"in the database. Give the task's Celery name, one of: {names}."
+                        f"in the database.{hint} Give the task's Celery name, one of: "
+                        f"{names or 'none yet'}."
                     ) from None
             keys, runs = keys.filter(task_name=task), runs.filter(task_name=task)
         now = timezone.now()

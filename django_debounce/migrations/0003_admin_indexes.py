@@ -22,7 +22,7 @@ def drop_sqlite_delay_index(apps, schema_editor):
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('django_debounce', '0001_initial'),
+        ('django_debounce', '0002_edges_retries'),
     ]
 
     operations = [
