@@ -79,6 +79,7 @@ def history():
     make_runs(a, [999.0] * 5, ago=timedelta(days=3), spread=timedelta(hours=1))
     make_runs(b, [7.5], ago=timedelta(minutes=30), spread=timedelta(0), outcome="failure")
     make_runs(b, [500.0], ago=timedelta(minutes=20), spread=timedelta(0), outcome="lost")
+    make_runs(b, [600.0] * 2, ago=timedelta(minutes=10), spread=timedelta(0), outcome="retry")
     return {
         "a": (delays_a, sum(r.triggers for r in runs_a)),
         "b": ([*delays_b, 7.5], sum(i % 7 + 1 for i in range(64)) + 1),
@@ -120,6 +121,7 @@ def test_summary_figures_match_the_generated_history(history, method):
         1,
         1,
     )
+    assert (webhook.retried, reindex.retried, data.totals.retried) == (2, 0, 2)
     assert reindex.ratio == pytest.approx(triggers_a / 257)
     assert reindex.merged == triggers_a - 257
     assert (reindex.active_keys, webhook.active_keys) == (1, 0)

@@ -23,7 +23,7 @@ from tests.celery_app import app
 from tests.conftest import wait_for
 from tests.servers import RedisServer
 from tests.testapp.models import RunLog
-from tests.testapp.observed import observed, observed_fail, observed_raising
+from tests.testapp.observed import observed, observed_fail, observed_raising, observed_retry
 
 RUN_KWARGS = {
     "signal",
@@ -135,6 +135,19 @@ def test_a_failed_run_is_finished_with_its_error_and_logged(eager, store, receiv
     assert DebounceRun.objects.get(task_name="testapp.observed_fail").outcome == "failure"
     failed = [r for r in caplog.records if r.levelno == logging.ERROR]
     assert any("failure" in r.getMessage() and "boom x" in r.getMessage() for r in failed)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_retried_failure_then_the_last_one(eager, store, received):
+    observed_retry.trigger("r")
+    for _ in range(2):
+        with pytest.raises(ValueError, match="again r"):
+            run_due(now=later())
+    finished = [kw for name, _s, kw in received if name == "run_finished"]
+    assert [(kw["outcome"], kw["attempt"]) for kw in finished] == [("retry", 0), ("failure", 1)]
+    assert {kw["error"] for kw in finished} == {"ValueError: again r"}
+    outcomes = DebounceRun.objects.order_by("run_id").values_list("outcome", flat=True)
+    assert list(outcomes) == ["retry", "failure"]
 
 
 @pytest.mark.django_db(transaction=True)

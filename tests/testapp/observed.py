@@ -40,6 +40,11 @@ def observed_fail(tag: str) -> None:
     raise ValueError(f"boom {tag}")
 
 
+@debounced_task(wait=0.2, name="testapp.observed_retry", max_retries=1, default_retry_delay=0)
+def observed_retry(tag: str) -> None:
+    raise ValueError(f"again {tag}")
+
+
 @debounced_task(wait=0.2, name="testapp.observed_raising")
 def observed_raising(tag: str, *, debounce: RunInfo) -> None:
     RunLog.objects.create(
