@@ -17,14 +17,14 @@ from django_debounce.tasks import get_debounced_task
 logger = logging.getLogger("django_debounce")
 
 
-def recover(task_name: str | None = None) -> int:
+def recover() -> int:
     """Redo runs whose lease ran out and re-dispatch flights whose message is overdue by more
-    than ``DEBOUNCE_DISPATCH_GRACE`` seconds (or was never published). Only tasks registered
-    as debounced tasks are dispatched. Returns how many messages were published."""
+    than ``DEBOUNCE_DISPATCH_GRACE`` seconds (or was never published), for every key: the
+    stores recover all keys at once and record each message as outstanding, so every message
+    they return is published. Only tasks registered as debounced tasks are dispatched.
+    Returns how many messages were published."""
     published = 0
     for name, dispatch in get_backend().recover(grace=float(conf.get("DISPATCH_GRACE"))):
-        if task_name and name != task_name:
-            continue
         try:
             task = get_debounced_task(name)
         except UnknownTask as exc:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import inspect
 import logging
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from functools import partial
@@ -20,7 +21,7 @@ from celery.utils.time import get_exponential_backoff_interval
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DEFAULT_DB_ALIAS, InterfaceError, OperationalError, connections, transaction
 
-from django_debounce import conf
+from django_debounce import conf, observe
 from django_debounce.backends import get_backend
 from django_debounce.backends.base import BaseBackend
 from django_debounce.dispatch import DISPATCH_KWARG, is_eager, publish, publish_quietly
@@ -302,6 +303,7 @@ class DebouncedTask(Task):
                     dispatch.key_hash, dispatch.seq, {**(undo or {}), "kind": dispatch.kind}
                 )
                 raise
+        observe.triggered(self, result)
         return result
 
     def flush(self, *args: Any, **kwargs: Any) -> bool:
@@ -514,14 +516,13 @@ class DebouncedTask(Task):
                 f"given up after {claim.attempt} attempts (max_retries={max_retries}); "
                 "the last ones were lost with their worker"
             )
-            logger.error(
-                "django_debounce: %s run %s of %r %s", self.name, claim.run_id, claim.key, error
-            )
             self._finish(backend, claim, ok=False, error=error)
+            observe.run_finished(self, claim, time.monotonic(), observe.FAILURE, error)
             return None
         args, kwargs = self.call_arguments(claim.payload)
         if self._wants_runinfo():
             kwargs[RESERVED_PARAMETER] = info
+        started = observe.run_started(self, claim)
         try:
             with _AutoHeartbeat(info, self.lease, f"{self.name} run {claim.run_id}"):
                 result = self._call_body(args, kwargs, claim.attempt)
@@ -537,6 +538,8 @@ class DebouncedTask(Task):
                 retry_in = countdown if countdown is not None else self.retry_delay(claim.attempt)
             error = "".join(traceback.format_exception_only(type(cause), cause)).strip()
             self._finish(backend, claim, ok=False, error=error, retry_in=retry_in)
+            outcome = observe.FAILURE if retry_in is None else observe.RETRY
+            observe.run_finished(self, claim, started, outcome, error)
             if retry_in is not None:
                 logger.warning(
                     "django_debounce: %s run %s of %r failed (%s); retry %d in %.3gs",
@@ -553,6 +556,7 @@ class DebouncedTask(Task):
                 raise cause from None
             raise
         self._finish(backend, claim, ok=True)
+        observe.run_finished(self, claim, started, observe.SUCCESS)
         return result
 
     def _finish(

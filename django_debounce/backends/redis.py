@@ -685,6 +685,38 @@ class RedisBackend(BaseBackend):
             "store_code": self.store,
         }
 
+    def live_rows(self, key_hashes: list[str]) -> dict[str, dict[str, Any]]:
+        """Live ``DebounceKey`` field values of keys held in Redis, in one pipeline (for the
+        admin and the status command: the row is only written on flight transitions).
+        Keys Redis does not hold are left out."""
+        if not key_hashes:
+            return {}
+        fields = ("p", "f", "ft", "lt", "d", "ru", "T", "R", "M", "C", "lr", "lo")
+        pipe = self.client.pipeline(transaction=False)
+        for h in key_hashes:
+            pipe.hmget(redis_key(h), *fields)
+        out = {}
+        for h, values in zip(key_hashes, pipe.execute(), strict=True):
+            if values[1] is None:
+                continue
+            p, f, ft, lt, d, ru, t, r, m, c, lr = (int(v or 0) for v in values[:-1])
+            out[h] = {
+                "state": "running" if ru else "pending" if p else "idle",
+                "pending": p,
+                "flight_id": f,
+                "first_trigger_at": _dt(ft),
+                "last_trigger_at": _dt(lt),
+                "due_at": _dt(d),
+                "running_until": _dt(ru),
+                "triggers": t,
+                "runs": r,
+                "merged": m,
+                "cancelled": c,
+                "last_run_at": _dt(lr),
+                "last_outcome": _s(values[-1] or ""),
+            }
+        return out
+
     def pending_counts(self, key_hashes):
         if not key_hashes:
             return {}
