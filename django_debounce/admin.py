@@ -107,7 +107,17 @@ class DebounceKeyAdmin(ReadOnlyAdmin):
         (_("Recent runs"), {"fields": ("recent_runs",)}),
         (
             _("Open flight"),
-            {"fields": ("flight_id", "first_trigger_at", "last_trigger_at", "due_at", "payload")},
+            {
+                "fields": (
+                    "flight_id",
+                    "first_trigger_at",
+                    "last_trigger_at",
+                    "due_at",
+                    "attempt",
+                    "not_before",
+                    "payload",
+                )
+            },
         ),
         (
             _("Live run and dispatch"),
@@ -116,6 +126,7 @@ class DebounceKeyAdmin(ReadOnlyAdmin):
                 "fields": (
                     "run_id",
                     "running_until",
+                    "run_attempt",
                     "run_triggers",
                     "run_first_trigger_at",
                     "run_payload",
@@ -368,6 +379,7 @@ class DebounceRunAdmin(ReadOnlyAdmin):
         "debounce_key",
         "run_id",
         "flight_id",
+        "attempt",
         "triggers",
         "merged",
         "started_at",

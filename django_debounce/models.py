@@ -206,7 +206,12 @@ class DebounceKey(models.Model):
         _("triggers"), default=0, help_text=_("Triggers counted, in total.")
     )
     runs = models.PositiveBigIntegerField(
-        _("runs"), default=0, help_text=_("Runs claimed, in total.")
+        _("runs"),
+        default=0,
+        help_text=_(
+            "Runs that covered their triggers, in total (attempts that failed and were "
+            "retried, or were lost, are not counted; the run history lists every attempt)."
+        ),
     )
     merged = models.PositiveBigIntegerField(
         _("merged"),
