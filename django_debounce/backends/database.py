@@ -441,6 +441,7 @@ class DatabaseBackend(BaseBackend):
             row, now = self._lock(key_hash, now)
             if row is None:
                 return None
+            lost = row.running_until is not None and row.running_until <= now
             self._recover_lease(row, now)
             current = row.run_id == run_id and row.running_until is not None
             DebounceRun.objects.using(self.alias).filter(
@@ -457,7 +458,7 @@ class DatabaseBackend(BaseBackend):
                 # A late finisher after its lease ran out changes nothing; the flight its lost
                 # run went back to (recovered just now) gets its message.
                 dispatch = None
-                if row.pending and row.running_until is None and not row.scheduled:
+                if lost and row.pending and row.running_until is None and not row.scheduled:
                     dispatch = self._schedule(row, max(row.due_at or now, now), now)
                 self._save(row)
                 return dispatch
