@@ -4,10 +4,13 @@ a publish that fails while other triggers merge, and a lease lost just after a t
 from __future__ import annotations
 
 import time
+from datetime import timedelta
 
 import pytest
+from django.utils import timezone
 
 from django_debounce.backends import get_backend
+from django_debounce.keys import dumps
 from django_debounce.state import FireAction
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -85,3 +88,244 @@ def test_lease_lost_just_after_a_trigger_keeps_that_trigger_quiet_period(store):
     decision = backend.fire(H, None, overlap=False, lease=60)
     assert decision.action is FireAction.REARM  # not claimed before b's due time (I3)
     assert decision.dispatch.countdown > 0.3
+
+
+def collect(backend, item, *, limit=10):
+    return backend.trigger(
+        task_name="testapp.record",
+        key="edge",
+        key_hash=H,
+        payload=item,
+        payload_json=dumps(item),
+        wait=0.3,
+        max_wait=None,
+        collect_limit=limit,
+    )
+
+
+def claim_all(backend):
+    later = timezone.now() + timedelta(seconds=5)
+    decision = backend.fire(H, None, overlap=False, lease=60, now=later, collect_limit=10)
+    assert decision.action is FireAction.CLAIM
+    return decision.claim
+
+
+def test_abort_keeps_an_item_that_a_merged_trigger_sent_again(store):
+    # Found by the property test: a collected item 5 whose trigger's publish failed was
+    # removed although a trigger that merged meanwhile had sent 5 again; that trigger's
+    # item was lost (I1). The item stays now; an item no one sent again still goes (I8).
+    backend = get_backend()
+    _a, dispatch, undo = collect(backend, 5)
+    collect(backend, 7)
+    collect(backend, 5)  # merged: 5 is already in the flight
+    backend.abort_trigger(H, dispatch.seq, {**undo, "kind": dispatch.kind})
+    assert backend.live_state(H)["pending"] == 2
+    claim = claim_all(backend)
+    assert sorted(claim.payload) == [5, 7] and claim.triggers == 2
+
+
+def test_abort_removes_the_item_no_merged_trigger_sent_again(store):
+    backend = get_backend()
+    _a, dispatch, undo = collect(backend, 5)
+    collect(backend, 7)
+    backend.abort_trigger(H, dispatch.seq, {**undo, "kind": dispatch.kind})
+    claim = claim_all(backend)
+    assert claim.payload == [7] and claim.triggers == 1
+
+
+def test_collected_items_keep_trigger_order_after_an_abort(store):
+    # Found by the property test (Redis): items were scored by the trigger total, which an
+    # abort takes back, so the item after an abort could tie with an earlier one and Redis
+    # ordered ties by text: "1" before "10".
+    backend = get_backend()
+    _a, dispatch, undo = collect(backend, "a")
+    collect(backend, 2)
+    collect(backend, 10)
+    backend.abort_trigger(H, dispatch.seq, {**undo, "kind": dispatch.kind})
+    collect(backend, 1)
+    assert claim_all(backend).payload == [2, 10, 1]
+
+
+def test_a_trigger_that_makes_the_flight_due_before_its_message_publishes(store):
+    # Found by the property test: the hot paths (Redis's merge in Lua, the one-statement
+    # UPDATE on PostgreSQL) merged a trigger whose flight is due (first trigger + max_wait)
+    # before the outstanding message, here the one a finishing run published for "now",
+    # after the flight's due time; the full path publishes a message for the earlier time,
+    # as the contract says (scheduled_at > due).
+    backend = get_backend()
+
+    def trigger(value):
+        return backend.trigger(
+            task_name="testapp.record",
+            key="edge",
+            key_hash=H,
+            payload={"args": [value], "kwargs": {}},
+            wait=0.2,
+            max_wait=0.2,
+        )
+
+    _r, first, _u = trigger(1)
+    time.sleep(0.25)
+    claim = backend.fire(H, first.seq, overlap=False, lease=60).claim
+    assert claim is not None
+    trigger(2)  # during the run: due 0.2 s later, scheduled by the finishing run
+    time.sleep(0.3)
+    assert backend.finish(H, claim.run_id, ok=True) is not None  # a message for now
+    time.sleep(0.05)
+    result, dispatch, _undo = trigger(3)  # due at first + max_wait: before that message
+    assert dispatch is not None and dispatch.kind == "fire" and dispatch.countdown == 0
+    assert result.scheduled
+
+
+def test_a_watchdog_parked_for_a_retried_run_serves_the_next_run(store):
+    # Found by the property test (Redis): a retry (or a lost lease) forgot the watchdog parked
+    # for the run's lease end, so a trigger during the next run published a second one. The
+    # parked one still arrives and re-arms for the live run: no second watchdog is needed.
+    backend = get_backend()
+    trig(backend, "a", wait=0)
+    first = backend.fire(H, None, overlap=False, lease=60).claim
+    _b, watchdog, _undo = trig(backend, "b", wait=0)
+    assert watchdog is not None and watchdog.kind == "watch"
+    follow = backend.finish(H, first.run_id, ok=False, retry_in=0)
+    assert follow is not None
+    second = backend.fire(H, follow.seq, overlap=False, lease=60).claim
+    assert second is not None and second.triggers == 2
+    _c, dispatch, _undo = trig(backend, "c", wait=0)
+    assert dispatch is None  # the parked watchdog covers the live run
+    # it arrives after both leases ran out (a dead worker): the flight is redone (I7)
+    redo = backend.watch(H, watchdog.seq, now=timezone.now() + timedelta(seconds=61))
+    assert redo is not None and redo.kind == "fire"
+
+
+def test_abort_of_a_flight_opening_trigger_keeps_the_last_trigger_time(store):
+    # Found by the property test: taking back the trigger that opened a flight cleared the
+    # key's last trigger time, so with leading=True the next trigger, inside the wait of the
+    # key's real last trigger, ran at once as a leading edge; as if the aborted trigger had
+    # not been made (I8), it opens a trailing flight.
+    backend = get_backend()
+
+    def trigger(value):
+        return backend.trigger(
+            task_name="testapp.record",
+            key="edge",
+            key_hash=H,
+            payload={"args": [value], "kwargs": {}},
+            wait=5,
+            max_wait=None,
+            leading=True,
+        )
+
+    _a, leading, _undo = trigger("a")
+    assert leading is not None and leading.countdown == 0
+    claim = backend.fire(H, leading.seq, overlap=False, lease=60).claim
+    assert claim is not None
+    backend.finish(H, claim.run_id, ok=True)
+    _b, dispatch, undo = trigger("b")  # inside the window: a trailing flight
+    assert dispatch is not None and dispatch.countdown > 3
+    backend.abort_trigger(H, dispatch.seq, {**undo, "kind": dispatch.kind})
+    _c, again, _undo = trigger("c")
+    assert again is not None and again.countdown > 3  # trailing still, not a leading edge
+
+
+def test_a_finish_after_the_lease_keeps_the_run_lost(store):
+    # Found by the property test (database store): a finish that found the run's lease run
+    # out recovered the lease (its triggers back to pending) and then returned without
+    # saving the row, so the key stayed "running" on an expired lease.
+    backend = get_backend()
+    trig(backend, "a", wait=0)
+    start = timezone.now() + timedelta(seconds=1)
+    claim = backend.fire(H, None, overlap=False, lease=1, now=start).claim
+    assert claim is not None
+    late = start + timedelta(seconds=2)
+    assert backend.finish(H, claim.run_id, ok=True, now=late) is None
+    live = backend.live_state(H)
+    assert (live["state"], live["pending"], live["runs"]) == ("pending", 1, 0)
+
+
+def test_a_lost_run_rejoining_a_flight_does_not_cut_a_newer_trigger_quiet_period(store):
+    # Found by the property test: a lost run's triggers rejoin the open flight with their
+    # older first trigger time; the next trigger then computed first + max_wait from it and
+    # made the flight due before the due time already given to a newer trigger (I3). A
+    # flight's due time never moves earlier with a later trigger now.
+    backend = get_backend()
+    t0 = timezone.now()
+
+    def trigger(value, at):
+        return backend.trigger(
+            task_name="testapp.record",
+            key="edge",
+            key_hash=H,
+            payload={"args": [value], "kwargs": {}},
+            wait=2,
+            max_wait=3.5,
+            overlap=True,
+            now=t0 + timedelta(seconds=at),
+        )
+
+    trigger("a", 0)
+    claim = backend.fire(H, None, overlap=True, lease=1, now=t0 + timedelta(seconds=2)).claim
+    assert claim is not None  # run 1, lease until t0 + 3; its worker dies
+    b, _d, _u = trigger("b", 2.5)  # a new flight during the run (overlap), due at t0 + 4.5
+    c, _d, _u = trigger("c", 3.5)  # run 1 is lost first: "a" rejoins, with its first time
+    assert c.due_at >= b.due_at
+    decision = backend.fire(H, None, overlap=True, lease=1, now=t0 + timedelta(seconds=3.6))
+    assert decision.action is FireAction.REARM  # not before b's due time
+
+
+def test_a_heartbeat_at_the_lease_end_is_too_late(store):
+    # Found by the property test: at now == running_until every operation counts the lease
+    # as run out (the run is lost), but heartbeat still extended it.
+    backend = get_backend()
+    trig(backend, "a", wait=0)
+    start = timezone.now() + timedelta(seconds=1)
+    claim = backend.fire(H, None, overlap=False, lease=1, now=start).claim
+    assert claim is not None
+    end = start + timedelta(seconds=1)
+    assert not backend.heartbeat(H, claim.run_id, 1, now=end)
+    assert backend.heartbeat(H, claim.run_id, 1, now=end - timedelta(microseconds=1))
+
+
+def test_recover_at_the_lease_end_redoes_the_run(store):
+    # Found by the property test (database store): recover() looked for leases that ran out
+    # with running_until < now, so at exactly the lease end (when every operation counts
+    # the run as lost) it skipped the key.
+    backend = get_backend()
+    trig(backend, "a", wait=0)
+    start = timezone.now() + timedelta(seconds=1)
+    claim = backend.fire(H, None, overlap=False, lease=1, now=start).claim
+    assert claim is not None
+    ((_task, dispatch),) = backend.recover(grace=60, now=start + timedelta(seconds=1))
+    assert dispatch.kind == "fire" and dispatch.countdown == 0
+    assert backend.live_state(H)["state"] == "pending"
+
+
+def test_recover_with_a_long_grace_leaves_overdue_messages_to_the_next_trigger(store):
+    # recover(grace=...) of the purge command may be longer than DEBOUNCE_DISPATCH_GRACE;
+    # the Redis store kept the hot path's "merge until" from recover's grace, so a trigger
+    # after DISPATCH_GRACE merged into a flight whose message is overdue instead of
+    # publishing a new one, as the full path (and the database store) do.
+    from django.test import override_settings
+
+    with override_settings(DEBOUNCE_DISPATCH_GRACE=5):
+        backend = get_backend()
+        t0 = timezone.now()
+        backend.trigger(
+            task_name="testapp.record",
+            key="edge",
+            key_hash=H,
+            payload={"args": ["a"], "kwargs": {}},
+            wait=1,
+            max_wait=None,
+            now=t0,
+        )  # its message, due at t0 + 1, is lost
+        assert backend.recover(grace=60, now=t0 + timedelta(seconds=2)) == []  # not overdue
+        _r, dispatch, _u = backend.trigger(
+            task_name="testapp.record",
+            key="edge",
+            key_hash=H,
+            payload={"args": ["b"], "kwargs": {}},
+            wait=1,
+            max_wait=None,
+            now=t0 + timedelta(seconds=7),
+        )
+        assert dispatch is not None  # the message is overdue by DISPATCH_GRACE: publish anew

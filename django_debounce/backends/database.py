@@ -168,12 +168,13 @@ class DatabaseBackend(BaseBackend):
         ``UPDATE ... RETURNING`` (it takes the row lock, like the full path, in one round trip).
 
         Returns ``None`` when the trigger is not a plain merge (new key, no message
-        outstanding, lease or message overdue): the full path then decides.
+        outstanding, lease or message overdue, the flight now due before its message):
+        the full path then decides.
         """
         with connections[alias].cursor() as cursor:
             cursor.execute(
                 _MERGE_SQL.format(table=DebounceKey._meta.db_table),
-                [payload, wait, max_wait, key_hash],
+                [payload, wait, max_wait, key_hash, wait, max_wait],
             )
             return cursor.fetchone()
 
@@ -263,6 +264,10 @@ class DatabaseBackend(BaseBackend):
                 due = now + timedelta(seconds=wait)
                 if max_wait is not None:
                     due = min(due, row.first_trigger_at + timedelta(seconds=max_wait))
+                if not undo["opened"] and row.due_at is not None:
+                    # Never earlier than the due time given to the flight's earlier triggers
+                    # (I3): a lost or retried run that rejoined it brought an older first.
+                    due = max(due, row.due_at)
             if full:
                 row.due_fixed = True
             if row.not_before is not None and due < row.not_before:
@@ -310,7 +315,9 @@ class DatabaseBackend(BaseBackend):
             row.triggers -= 1
             if row.pending == 0:
                 row.flight_id -= 1 if undo["opened"] else 0
-                row.first_trigger_at = row.last_trigger_at = row.due_at = None
+                row.first_trigger_at = row.due_at = None
+                # the key's last trigger is the one before (the next trigger's edge uses it)
+                row.last_trigger_at = undo["last_trigger_at"]
                 row.payload = None
                 row.due_fixed = False
             elif row.last_trigger_at == undo["at"] and undo["due_at"] is not None:
@@ -319,8 +326,14 @@ class DatabaseBackend(BaseBackend):
                 row.last_trigger_at = undo["last_trigger_at"]
                 row.due_at = undo["due_at"]
                 row.due_fixed = undo.get("due_fixed", row.due_fixed)
-            elif undo.get("added") and isinstance(row.payload, list) and row.payload:
-                # Later triggers merged meanwhile: only the item this trigger added goes.
+            elif (
+                undo.get("added")
+                and isinstance(row.payload, list)
+                and len(row.payload) == row.pending + 1
+            ):
+                # Later triggers merged meanwhile, each adding an item of its own (one item per
+                # pending trigger), so none sent this item again: only it goes. Otherwise one
+                # may have, and the item stays (a run of it rather than a trigger lost, I1).
                 row.payload = [i for i in row.payload if dumps(i) != dumps(undo["item"])]
             # Otherwise later triggers merged meanwhile (believing a message was out): they keep
             # their payload and due time, and with no message outstanding now, the next trigger
@@ -511,8 +524,8 @@ class DatabaseBackend(BaseBackend):
             row, now = self._lock(key_hash, now)
             if row is None or row.run_id != run_id or row.running_until is None:
                 return False
-            if row.running_until < now:
-                return False
+            if row.running_until <= now:
+                return False  # the lease ran out: the run is lost (as _recover_lease has it)
             row.running_until = now + timedelta(seconds=lease)
             self._save(row)
         return True
@@ -565,7 +578,7 @@ class DatabaseBackend(BaseBackend):
         clock = now or timezone.now()
         cutoff = clock - timedelta(seconds=grace)
         candidates = (
-            list(qs.filter(running_until__lt=clock).values_list("key_hash", flat=True))
+            list(qs.filter(running_until__lte=clock).values_list("key_hash", flat=True))
             + list(
                 qs.filter(pending__gt=0, scheduled=False, running_until__isnull=True).values_list(
                     "key_hash", flat=True
@@ -634,12 +647,18 @@ class DatabaseBackend(BaseBackend):
         )
 
 
+_DUE_SQL = (
+    "GREATEST(due_at, LEAST(STATEMENT_TIMESTAMP() + %s * INTERVAL '1 second',"
+    " first_trigger_at + %s * INTERVAL '1 second'))"
+)
+# A flight this trigger makes due before its outstanding message (max_wait from an early
+# first trigger) is no plain merge: the full path publishes a message for the earlier time.
 _MERGE_SQL = (
     "UPDATE {table} SET pending = pending + 1, triggers = triggers + 1,"
     " last_trigger_at = STATEMENT_TIMESTAMP(), payload = %s::jsonb,"
-    " due_at = LEAST(STATEMENT_TIMESTAMP() + %s * INTERVAL '1 second',"
-    " first_trigger_at + %s * INTERVAL '1 second')"
+    f" due_at = {_DUE_SQL}"
     " WHERE key_hash = %s AND merge_until > STATEMENT_TIMESTAMP()"
+    f" AND (scheduled_at IS NULL OR {_DUE_SQL} >= scheduled_at)"
     " RETURNING flight_id, pending, due_at"
 )
 

@@ -652,12 +652,12 @@ class RedisBackend(BaseBackend):
         return [h for _t, h in self._live()]
 
     def recover(self, *, grace, adopt=(), now=None):
-        _grace, ttl = self._limits()
+        dispatch_grace, ttl = self._limits()
         out: list[tuple[str, Dispatch]] = []
         for task_name, h in self._live():
             try:
                 lost, seq, countdown, snap = self._run(
-                    "recover", redis_keys(h), [_now(now), int(grace * US), ttl]
+                    "recover", redis_keys(h), [_now(now), int(grace * US), ttl, dispatch_grace]
                 )
             except Exception:  # one bad key must not stop the recovery of every other key
                 logger.exception("django_debounce: recovery of key %s failed", h)

@@ -20,9 +20,11 @@ end
 s.p = s.p - 1
 s.T = s.T - 1
 local extra = nil
+local restored = false
 if s.p == 0 then
   if ARGV[3] == '1' then s.f = s.f - 1 end
-  s.ft, s.lt, s.d, s.df = 0, 0, 0, 0
+  -- the key's last trigger is the one before (the next trigger's edge uses it)
+  s.ft, s.lt, s.d, s.df = 0, tonumber(ARGV[5]), 0, 0
   extra = {'pl', ''}
   if s.cl > 0 then redis.call('DEL', KEYS[2]) end
 elseif s.lt == tonumber(ARGV[10]) and tonumber(ARGV[6]) > 0 then
@@ -30,9 +32,15 @@ elseif s.lt == tonumber(ARGV[10]) and tonumber(ARGV[6]) > 0 then
   s.lt = tonumber(ARGV[5])
   s.d = tonumber(ARGV[6])
   s.df = tonumber(ARGV[11])
+  restored = true
   if s.cl == 0 then extra = {'pl', ARGV[4]} end
 end
-if s.p > 0 and s.cl > 0 and ARGV[12] == '1' then redis.call('ZREM', KEYS[2], ARGV[13]) end
+-- the item it added goes, unless a trigger that merged meanwhile may have sent it again
+-- (a flight with fewer items than triggers): then it stays, rather than lose that trigger
+if s.p > 0 and s.cl > 0 and ARGV[12] == '1'
+    and (restored or redis.call('ZCARD', KEYS[2]) == s.p + 1) then
+  redis.call('ZREM', KEYS[2], ARGV[13])
+end
 -- otherwise later triggers merged meanwhile: they keep their payload and due time, and with
 -- no message outstanding the next trigger or recovery publishes one for them
 save(h, s, now, tonumber(ARGV[8]), tonumber(ARGV[7]), extra)

@@ -89,7 +89,7 @@ local function unclaim(h, s, now)
   end
   s.p = s.p + claimed
   s.ra = math.max(s.ra, s.rr)
-  s.wa = 0
+  -- a parked watchdog (wa) stays parked: when it arrives it re-arms for the next run
   s.ru = 0
   s.rt = 0
   s.rf = 0

@@ -4,7 +4,8 @@ local h = KEYS[1]
 if redis.call('EXISTS', h) == 0 then return 0 end
 local now = clock()
 local s = load_state(h)
-if s.r ~= tonumber(ARGV[2]) or s.ru == 0 or s.ru < now then return 0 end
+-- a lease that ran out (ru <= now, as recover_lease has it) is not extended
+if s.r ~= tonumber(ARGV[2]) or s.ru == 0 or s.ru <= now then return 0 end
 s.ru = now + tonumber(ARGV[3])
 save(h, s, now, tonumber(ARGV[5]), tonumber(ARGV[4]))
 return 1

@@ -15,14 +15,21 @@ if now == 0 then
 end
 local grace = tonumber(ARGV[5])
 
--- Hot path: a trigger that only merges into an open flight (see merge_until) reads six
--- fields, writes five, and replies with three numbers.
-local m = redis.call('HMGET', h, 'mu', 'p', 'ft', 'T', 'f', 'x')
-if (tonumber(m[1]) or 0) > now then
-  local p = tonumber(m[2]) + 1
-  local due = now + tonumber(ARGV[3])
+-- Hot path: a trigger that only merges into an open flight (see merge_until) reads eight
+-- fields, writes five, and replies with three numbers. A flight that this trigger makes due
+-- before its outstanding message (max_wait from an early first trigger) takes the full path,
+-- which publishes a message for the earlier time.
+local m = redis.call('HMGET', h, 'mu', 'p', 'ft', 'T', 'f', 'x', 'sa', 'd')
+local hot, due = (tonumber(m[1]) or 0) > now, 0
+if hot then
+  due = now + tonumber(ARGV[3])
   local max_wait = tonumber(ARGV[4])
   if max_wait >= 0 then due = math.min(due, tonumber(m[3]) + max_wait) end
+  due = math.max(due, tonumber(m[8]) or 0)  -- never earlier than the flight's due (I3)
+  hot = due >= (tonumber(m[7]) or 0)
+end
+if hot then
+  local p = tonumber(m[2]) + 1
   local ttl_ms = tonumber(ARGV[6])
   local x = tonumber(m[6]) or 0
   if due + grace > x or x - now < ttl_ms * 500 then
@@ -98,7 +105,11 @@ s.T = s.T + 1
 s.lt = now
 local full, added = false, 0
 if s.cl > 0 then
-  added = redis.call('ZADD', KEYS[2], 'NX', s.T, ARGV[2])
+  -- scores keep the trigger order; T goes back when a trigger is taken back (abort), so
+  -- they come from a counter of their own ('cs'), which only grows
+  local score = math.max(s.T, (tonumber(redis.call('HGET', h, 'cs')) or 0) + 1)
+  redis.call('HSET', h, 'cs', fmt(score))
+  added = redis.call('ZADD', KEYS[2], 'NX', score, ARGV[2])
   full = redis.call('ZCARD', KEYS[2]) >= s.cl
 else
   extra[#extra + 1] = 'pl'
@@ -112,6 +123,9 @@ elseif s.df == 1 or full then
 else
   due = now + wait
   if max_wait >= 0 then due = math.min(due, s.ft + max_wait) end
+  -- never earlier than the due time given to the flight's earlier triggers (I3): a lost or
+  -- retried run that rejoined it brought an older first trigger
+  if opened == 0 and s.d > 0 then due = math.max(due, s.d) end
 end
 if full then s.df = 1 end
 if s.nb > 0 and due < s.nb then due = s.nb end  -- a retry's backoff: triggers join the retry
