@@ -93,6 +93,8 @@ def analyse(
         "delay_ms_median": _r(statistics.median(delays) * 1e3 if delays else None),
         "delay_ms_p95": _r(_pct(delays, 0.95) * 1e3 if delays else None),
     }
+    if info.get("drain_cut"):
+        out["final_applied"] = None  # not measured: what was left was purged
     extra = info.pop("extra_save_at", None)
     if scenario == "c":
         out["extra_save_landed_in_a_run"] = extra is not None and any(
@@ -101,8 +103,12 @@ def analyse(
     if scenario == "e":
         out["messages_per_key"] = round(out["published"] / keys, 3)
         out["messages_within_keys"] = out["published"] <= keys
+        # Only where the contender keeps state per key (celery-once and celery-singleton hold a
+        # lock only while a task is queued or running, so few keys are left to divide by).
         rkeys = info.get("store_redis_keys") or 0
-        out["redis_bytes_per_key"] = round(info["store_redis_bytes"] / rkeys, 1) if rkeys else None
+        out["redis_bytes_per_key"] = (
+            round(info["store_redis_bytes"] / rkeys, 1) if rkeys >= keys / 10 else None
+        )
     if scenario == "f":
         f = info.pop("f")
         out["triggers_per_second"] = f["per_second"]
@@ -263,8 +269,13 @@ def _extra(r: dict[str, Any]) -> str:
             f"broker peak {r['broker_redis_peak_bytes'] / 2**20:,.1f} MiB",
             f"worker peak {mem['main_peak_kib'] / 1024:,.0f}"
             f"+{mem['pool_peak_kib'] / 1024:,.0f} MiB",
-            f"{r['keys_final_applied']:,}/{r['keys']:,} keys final",
+            f"{r['keys_final_applied']:,}/{r['keys']:,} keys ran after their last trigger",
         ]
+        if r.get("drain_cut"):
+            parts.append(
+                f"worker stopped after {r['drain_cut']['after_seconds']:.0f} s of draining with "
+                f"{r['drain_cut']['messages_purged']:,} messages left (purged)"
+            )
         return ", ".join(parts)
     if s == "f":
         cov = r.get("bookkeeping", {}).get("covered")
