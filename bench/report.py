@@ -16,7 +16,7 @@ TITLES = {
     "b": "b. a save every 10 ms for 5 s, 30 ms job",
     "c": "c. burst of 20, then one save while the job (200 ms) runs",
     "d": "d. 1,000 saves of one row, as fast as possible, 30 ms job",
-    "e": "e. 10 saves on each of 10,000 rows, empty job",
+    "e": "e. 10 triggers (post_save) on each of 10,000 rows, from 2 processes, empty job",
     "f": "f. 4 processes trigger one row as fast as they can, empty job",
 }
 
