@@ -304,7 +304,11 @@ HEAD = [
 def tables(meta, limits, results, labels, rats, chk) -> str:
     lines = []
     for scenario, by in results.items():
-        lines += [f"### {TITLES[scenario]}", "", "| " + " | ".join(HEAD) + " |"]
+        lines += [
+            f"### {meta.get('scenarios', TITLES)[scenario]}",
+            "",
+            "| " + " | ".join(HEAD) + " |",
+        ]
         lines.append("|" + "---|" * len(HEAD))
         for contender, r in by.items():
             row = [
@@ -449,6 +453,47 @@ def svg(results: dict[str, dict[str, Any]], labels: dict[str, str]) -> str:
     return "\n".join(parts) + "\n"
 
 
+def summary(results: dict[str, dict[str, Any]], labels: dict[str, str]) -> str:
+    """One line per contender, one column per scenario: runs, messages, overlapping runs and
+    whether the final state was applied."""
+    scen = list(results)
+    head = "| contender | " + " | ".join(scen) + " |"
+    lines = [
+        "runs / broker messages / overlapping runs / final state applied "
+        "(f: triggers per second from 4 processes instead of overlap)",
+        "",
+        head,
+        "|" + "---|" * (len(scen) + 1),
+    ]
+    contenders = [c for c in COLORS if any(c in by for by in results.values())]
+    for c in contenders:
+        cells = []
+        for sc in scen:
+            r = results[sc].get(c)
+            if r is None:
+                cells.append("-")
+                continue
+            third = (
+                f"{_fmt(r['triggers_per_second'])}/s" if sc == "f" else _fmt(r["overlapping_runs"])
+            )
+            final = {True: "yes", False: "**no**", None: "n/m"}[r["final_applied"]]
+            cells.append(f"{_fmt(r['runs'])} / {_fmt(r['published'])} / {third} / {final}")
+        lines.append(f"| {labels[c]} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def render(doc: dict[str, Any]) -> tuple[str, str]:
+    """The markdown and the SVG of a results document (``latest.json``)."""
+    rats = [[r[k] for k in RATIO_FIELDS] for r in doc["ratios"]]
+    chk = list(doc["checks"].items())
+    text = "## Summary\n\n" + summary(doc["results"], doc["contenders"]) + "\n"
+    text += tables(doc, doc["limits"], doc["results"], doc["contenders"], rats, chk)
+    return text, svg(doc["results"], doc["contenders"])
+
+
+RATIO_FIELDS = ["scenario", "store", "figure", "value", "limit", "ratio", "limit_is"]
+
+
 def write(out: Path, meta, limits, results, labels) -> bool:
     """Write latest.json, latest.md and latest.svg; print the table; True when every check of
     this app holds."""
@@ -461,21 +506,20 @@ def write(out: Path, meta, limits, results, labels) -> bool:
         "scenarios": {s: TITLES[s] for s in results},
         "contenders": labels,
         "results": results,
-        "ratios": [
-            dict(
-                zip(
-                    ["scenario", "store", "figure", "value", "limit", "ratio", "limit_is"],
-                    r,
-                    strict=True,
-                )
-            )
-            for r in rats
-        ],
+        "ratios": [dict(zip(RATIO_FIELDS, r, strict=True)) for r in rats],
         "checks": {n: ok for n, ok in chk},
     }
     (out / "latest.json").write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
-    text = tables(meta, limits, results, labels, rats, chk)
+    text, picture = render(doc)
     (out / "latest.md").write_text(text)
-    (out / "latest.svg").write_text(svg(results, labels))
+    (out / "latest.svg").write_text(picture)
     print(text)
     return all(ok for _n, ok in chk)
+
+
+if __name__ == "__main__":  # re-render latest.md and latest.svg from latest.json
+    results_dir = Path(__file__).resolve().parent / "results"
+    text, picture = render(json.loads((results_dir / "latest.json").read_text()))
+    (results_dir / "latest.md").write_text(text)
+    (results_dir / "latest.svg").write_text(picture)
+    print(text)
