@@ -152,10 +152,10 @@ class Bench:
             task = self.c.CONTENDERS[contender][1]
             n += DebounceKey.objects.filter(task_name=task).exclude(state="idle").count()
         held = int(self.broker.hlen("unacked"))
-        if n or not held:
+        if n or not held or held > 1000:
             return n + held
-        if contender not in ("redis", "database") or held > 200:
-            return held
+        # Lease watchdogs parked by this app in an earlier scenario are held by the worker
+        # for DEBOUNCE_LEASE: they are not work left for anyone.
         return sum(1 for m in self.broker.hvals("unacked") if not _is_watchdog(m))
 
     def drain(self, contender: str, timeout: float = DRAIN_TIMEOUT) -> float:
