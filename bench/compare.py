@@ -637,6 +637,7 @@ def main() -> int:
 
     only = os.environ.get("BENCH_ONLY", SCENARIOS)
     contenders = os.environ.get("BENCH_CONTENDERS", ",".join(ORDER)).split(",")
+    load_before = os.getloadavg()
     tmp = Path(tempfile.mkdtemp(prefix="debounce-compare-"))
     b = Bench(tmp)
 
@@ -675,6 +676,9 @@ def main() -> int:
             "python": platform.python_version(),
             "cpus": os.cpu_count(),
             "platform": platform.platform(),
+            # the machine is shared: the load average says how much else ran meanwhile
+            "load_average_before": [round(x, 1) for x in load_before],
+            "load_average_after": [round(x, 1) for x in os.getloadavg()],
         },
         "worker": "celery prefork, concurrency 4, Redis broker (a server of its own)",
         "options": {"wait": b.c.WAIT, "max_wait": b.c.MAX_WAIT, "f_seconds": F_SECONDS},

@@ -349,7 +349,10 @@ def tables(meta, limits, results, labels, rats, chk) -> str:
     lines += [
         "",
         f"{meta['when']}, {meta['seconds']} s, Python {meta['machine']['python']}, "
-        f"{meta['machine']['cpus']} CPUs; {meta['worker']}; this app with wait="
+        f"{meta['machine']['cpus']} CPUs, load average (1 min) "
+        f"{meta['machine'].get('load_average_before', ['?'])[0]} before and "
+        f"{meta['machine'].get('load_average_after', ['?'])[0]} after (a shared machine); "
+        f"{meta['worker']}; this app with wait="
         f"{meta['options']['wait']} s, max_wait={meta['options']['max_wait']} s; "
         f"command: `{meta['command']}`",
     ]
