@@ -24,7 +24,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import connections, router
-from django.db.models import Count, Q, Sum
+from django.db.models import Case, Count, F, FloatField, Q, Sum, When
 from django.utils import timezone
 
 from django_debounce.models import DebounceKey, DebounceRun
@@ -140,10 +140,11 @@ def summarize(
         "n_lost": Count("started_at", filter=Q(outcome=DebounceRun.Outcome.LOST)),
     }
     if method == "sql":
+        # percentile_cont skips NULLs: a CASE, not a FILTER clause (whose SQL Django builds
+        # differently from one version to the next), leaves the redone runs out.
+        delay = Case(When(counted, then=F("delay")), output_field=FloatField())
         for fraction in FRACTIONS:
-            aggregates[f"p{int(fraction * 100)}"] = PercentileCont(
-                "delay", fraction, filter=counted
-            )
+            aggregates[f"p{int(fraction * 100)}"] = PercentileCont(delay, fraction)
     per_task = {
         row["task_name"]: row
         for row in runs.order_by().values("task_name").annotate(**aggregates)  # query 1

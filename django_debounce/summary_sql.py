@@ -49,10 +49,11 @@ class PercentileCont(Aggregate):
     template = "%(function)s(%(fraction)s) WITHIN GROUP (ORDER BY %(expressions)s)"
     output_field = FloatField()
 
-    def __init__(self, expression: Any, fraction: float, **extra: Any) -> None:
+    def __init__(self, expression: Any, fraction: float) -> None:
         if not 0 <= fraction <= 1:
             raise ValueError(f"fraction must be between 0 and 1, got {fraction!r}")
-        super().__init__(expression, fraction=repr(float(fraction)), **extra)
+        # No filter=: the template has no place for it (use a CASE; NULLs are skipped).
+        super().__init__(expression, fraction=repr(float(fraction)))
 
 
 class Bucket(Func):
