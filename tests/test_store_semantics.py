@@ -42,6 +42,17 @@ def fire(backend, t, *, lease=10.0, seq=None, **options):
     return backend.fire(H, seq, overlap=False, lease=lease, now=at(t), **options)
 
 
+@pytest.fixture
+def in_process():
+    """Celery's eager mode: triggers publish no message, so a worker left running by other
+    tests cannot claim the flights that these tests run with run_due()."""
+    from tests.celery_app import app
+
+    app.conf.task_always_eager = True
+    yield
+    app.conf.task_always_eager = False
+
+
 def test_heartbeat_extends_the_lease_and_a_finish_after_it_ran_out_changes_nothing(store):
     backend = get_backend()
     trig(backend, t=0)
@@ -132,7 +143,7 @@ def test_collected_flight_runs_at_once_when_full_and_keeps_the_rest(store):
     assert fire(backend, 2.0, collect_limit=3).claim.payload == [4, 5]
 
 
-def test_run_due_retries_in_process_and_collects(settings):
+def test_run_due_retries_in_process_and_collects(settings, in_process):
     settings.DEBOUNCE_BACKEND = "database"
     settings.DEBOUNCE_ON_COMMIT = False
     flaky.trigger("inproc", 1)
@@ -148,7 +159,7 @@ def test_run_due_retries_in_process_and_collects(settings):
     assert DebounceKey.objects.filter(state="idle").count() == 2
 
 
-def test_celery_autoretry_for_takes_the_debounce_retry_path(settings):
+def test_celery_autoretry_for_takes_the_debounce_retry_path(settings, in_process):
     from tests.testapp.tasks import auto_retry
 
     settings.DEBOUNCE_BACKEND = "database"
@@ -171,7 +182,7 @@ def test_celery_autoretry_for_takes_the_debounce_retry_path(settings):
     ]
 
 
-def test_autoretry_for_narrows_which_exceptions_retry(settings):
+def test_autoretry_for_narrows_which_exceptions_retry(settings, in_process):
     from tests.testapp.tasks import auto_retry
 
     settings.DEBOUNCE_BACKEND = "database"
@@ -184,7 +195,7 @@ def test_autoretry_for_narrows_which_exceptions_retry(settings):
     assert DebounceRun.objects.get().outcome == "failure"
 
 
-def test_runs_lost_with_their_worker_count_as_attempts_and_are_given_up(settings):
+def test_runs_lost_with_their_worker_count_as_attempts_and_are_given_up(settings, in_process):
     settings.DEBOUNCE_BACKEND = "database"
     settings.DEBOUNCE_ON_COMMIT = False
     flaky.trigger("lost", 0)  # would succeed, but every worker dies mid-run (max_retries=2)
@@ -210,7 +221,7 @@ def test_runs_lost_with_their_worker_count_as_attempts_and_are_given_up(settings
     ]
 
 
-def test_run_due_runs_every_batch_and_collect_flush_needs_no_item(settings):
+def test_run_due_runs_every_batch_and_collect_flush_needs_no_item(settings, in_process):
     settings.DEBOUNCE_BACKEND = "database"
     settings.DEBOUNCE_ON_COMMIT = False
     for n in range(12):
