@@ -36,6 +36,7 @@ import multiprocessing
 import os
 import platform
 import queue
+import shutil
 import signal
 import statistics
 import sys
@@ -670,7 +671,7 @@ def main() -> int:
                     f"overlapping {r['overlapping_runs']}, final {r['final_applied']}"
                 )
     except BenchError as exc:
-        print(f"bench compare: ERROR: {exc}", file=sys.stderr)
+        print(f"bench compare: ERROR: {exc} (logs in {tmp})", file=sys.stderr)
         return 1
     finally:
         b.close()
@@ -690,6 +691,10 @@ def main() -> int:
         "options": {"wait": b.c.WAIT, "max_wait": b.c.MAX_WAIT, "f_seconds": F_SECONDS},
     }
     ok = write(ROOT / "bench" / "results", meta, lim, results, LABELS)
+    if ok:
+        shutil.rmtree(tmp, ignore_errors=True)
+    else:
+        log(f"a check failed; the worker's and servers' logs are in {tmp}")
     return 0 if ok else 1
 
 

@@ -384,7 +384,7 @@ def svg(results: dict[str, dict[str, Any]], labels: dict[str, str]) -> str:
     group = (width - left - 20) / max(len(scenarios), 1)
     bar = group * 0.8 / max(len(contenders), 1)
     parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{2 * ph + 150}" '
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{2 * ph + 180}" '
         'font-family="sans-serif" font-size="11">',
         '<rect width="100%" height="100%" fill="white"/>',
     ]
@@ -399,7 +399,7 @@ def svg(results: dict[str, dict[str, Any]], labels: dict[str, str]) -> str:
         parts.append(
             f'<text x="{left}" y="{y0 - 12}" font-size="13" font-weight="bold">{title}</text>'
         )
-        for e in range(int(math.floor(lo)), int(math.ceil(hi)) + 1):
+        for e in range(int(math.ceil(lo)), int(math.floor(hi)) + 1):
             yy = y(10**e)
             parts.append(
                 f'<line x1="{left}" x2="{width - 20}" y1="{yy:.1f}" y2="{yy:.1f}" stroke="#ddd"/>'
@@ -437,7 +437,7 @@ def svg(results: dict[str, dict[str, Any]], labels: dict[str, str]) -> str:
         "Runs per scenario (log scale)",
         lambda r: r["runs"],
         None,
-        0.8,
+        0.5,
         max(runs_max * 1.5, 10),
         "",
     )
@@ -447,7 +447,7 @@ def svg(results: dict[str, dict[str, Any]], labels: dict[str, str]) -> str:
         lambda r: r["delay_ms_median"],
         lambda r: r["delay_ms_p95"],
         0.1,
-        100_000,
+        1_000_000,
         "",
     )
     ly = 2 * ph + top + 95
