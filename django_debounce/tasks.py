@@ -405,14 +405,27 @@ class DebouncedTask(Task):
         result when this message claimed the flight, else ``None``. ``store`` names the store
         that issued the message (``"d"``/``"r"``), for the ``auto`` backend."""
         backend = self.get_backend()
-        decision = backend.fire(
-            hashed,
-            seq,
-            overlap=self.debounce_overlap,
-            lease=self.lease,
-            store=store,
-            collect_limit=self.collect_limit,
-        )
+        hold = float(conf.get("REARM_HOLD") or 0) if in_worker else 0.0
+        while True:
+            decision = backend.fire(
+                hashed,
+                seq,
+                overlap=self.debounce_overlap,
+                lease=self.lease,
+                store=store,
+                collect_limit=self.collect_limit,
+            )
+            rearm = decision.dispatch if decision.action is FireAction.REARM else None
+            if rearm is not None and rearm.countdown <= hold and rearm.kind == "fire":
+                # The flight is due within the hold: wait for it here and deliver the new
+                # message in-process (its sequence is the valid one) instead of publishing it.
+                # A burst then costs one message; a worker that dies while waiting leaves a
+                # message the store counts as outstanding, re-dispatched after the grace.
+                time.sleep(rearm.countdown)
+                hold -= rearm.countdown
+                seq, store = rearm.seq, rearm.store
+                continue
+            break
         if decision.dispatch is not None:
             publish_quietly(self, decision.dispatch)
         if decision.action is not FireAction.CLAIM or decision.claim is None:
