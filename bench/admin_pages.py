@@ -24,6 +24,7 @@ import tempfile
 import time
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -196,19 +197,25 @@ def generate() -> float:
         "error",
     ]
 
-    def insert(table: str, cols: list[str], rows: list[tuple]) -> None:
+    def insert(model: Any, cols: list[str], rows: list[tuple]) -> None:
+        # Every other column gets its field's default (fields added by later migrations too).
+        rest = [
+            f for f in model._meta.concrete_fields if not f.primary_key and f.column not in cols
+        ]
+        tail = tuple(f.get_db_prep_save(f.get_default(), connection) for f in rest)
+        names = [*cols, *(f.column for f in rest)]
         sql = (
-            f"INSERT INTO {qn(table)} ({', '.join(qn(c) for c in cols)}) "
-            f"VALUES ({', '.join(['%s'] * len(cols))})"
+            f"INSERT INTO {qn(model._meta.db_table)} ({', '.join(qn(c) for c in names)}) "
+            f"VALUES ({', '.join(['%s'] * len(names))})"
         )
         with connection.cursor() as cursor:
-            cursor.executemany(sql, rows)
+            cursor.executemany(sql, [row + tail for row in rows])
 
     batch = 20000
     with transaction.atomic():
         for lo in range(0, N_KEYS, batch):
             insert(
-                DebounceKey._meta.db_table,
+                DebounceKey,
                 key_cols,
                 [key_row(i) for i in range(lo, min(lo + batch, N_KEYS))],
             )
@@ -241,7 +248,7 @@ def generate() -> float:
                         "boom" if outcome == "failure" else "",
                     )
                 )
-            insert(DebounceRun._meta.db_table, run_cols, rows)
+            insert(DebounceRun, run_cols, rows)
     with connection.cursor() as cursor:
         if connection.vendor != "postgresql":
             cursor.execute("ANALYZE")
