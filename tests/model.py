@@ -304,10 +304,16 @@ class KeyModel:
             self.due_fixed = False
             self.last = undo["last"]
         elif self.made == undo["made"] and undo["due"] is not None:
-            # no trigger came after it: the flight is as it was before it
-            self.payload = copy.deepcopy(undo["payload"])
+            # no trigger came after it: the flight is as it was before it (collected items:
+            # only its own goes, as runs that rejoined the flight since may have added some)
+            if not self.cfg.collect:
+                self.payload = copy.deepcopy(undo["payload"])
+            elif undo["added"]:
+                self.payload = [i for i in self.payload or [] if canon(i) != canon(undo["item"])]
             self.last = undo["last"]
             self.due = undo["due"]
+            if self.not_before is not None:  # a retry's backoff that began since
+                self.due = max(self.due, self.not_before)
             self.due_fixed = undo["due_fixed"]
         elif undo["added"] and self.cfg.collect and len(self.payload or []) == self.pending + 1:
             # later triggers merged meanwhile, each with an item of its own (one item per

@@ -330,3 +330,74 @@ def test_recover_with_a_long_grace_leaves_overdue_messages_to_the_next_trigger(s
             now=t0 + timedelta(seconds=7),
         )
         assert dispatch is not None  # the message is overdue by DISPATCH_GRACE: publish anew
+
+
+def test_abort_after_a_retry_rejoined_the_flight_keeps_the_run_items(store):
+    # A run's retry can land between a trigger and the abort of its failed publish: the
+    # run's items rejoin the flight. The database store then put back the item list from
+    # before the trigger and lost the run's items (I1); only the aborted item goes now.
+    backend = get_backend()
+    t0 = timezone.now()
+
+    def item(value, at):
+        return backend.trigger(
+            task_name="testapp.record",
+            key="edge",
+            key_hash=H,
+            payload=value,
+            payload_json=dumps(value),
+            wait=1,
+            max_wait=None,
+            overlap=True,
+            collect_limit=10,
+            now=t0 + timedelta(seconds=at),
+        )
+
+    def at(seconds):
+        return t0 + timedelta(seconds=seconds)
+
+    item("x", 0)
+    run = backend.fire(H, None, overlap=True, lease=600, now=at(1), collect_limit=10).claim
+    assert run is not None and run.payload == ["x"]
+    item("w", 1.1)  # a flight of its own (overlap); its message goes missing
+    _y, dispatch, undo = item("y", 90)  # w's message is overdue: y publishes anew, and fails
+    assert dispatch is not None
+    backend.finish(H, run.run_id, ok=False, retry_in=0, now=at(90.1))  # "x" rejoins
+    backend.abort_trigger(H, dispatch.seq, {**undo, "kind": dispatch.kind})
+    claim = backend.fire(H, None, overlap=True, lease=600, now=at(95), collect_limit=10).claim
+    assert claim is not None
+    assert claim.payload == ["x", "w"] and claim.triggers == 2
+
+
+def test_abort_after_a_retry_rejoined_the_flight_keeps_the_backoff(store):
+    # As above, with a backoff: the due time put back from before the aborted trigger was
+    # earlier than the retry's not_before, so the retry could run before its countdown.
+    backend = get_backend()
+    t0 = timezone.now()
+
+    def trigger(value, at):
+        return backend.trigger(
+            task_name="testapp.record",
+            key="edge",
+            key_hash=H,
+            payload={"args": [value], "kwargs": {}},
+            wait=1,
+            max_wait=None,
+            overlap=True,
+            now=t0 + timedelta(seconds=at),
+        )
+
+    def at(seconds):
+        return t0 + timedelta(seconds=seconds)
+
+    trigger("x", 0)
+    run = backend.fire(H, None, overlap=True, lease=600, now=at(1)).claim
+    assert run is not None
+    trigger("w", 1.1)  # a flight of its own (overlap), due at 2.1; its message goes missing
+    _y, dispatch, undo = trigger("y", 90)  # w's message is overdue: y publishes, and fails
+    assert dispatch is not None
+    backend.finish(H, run.run_id, ok=False, retry_in=30, now=at(90.1))  # not before 120.1
+    backend.abort_trigger(H, dispatch.seq, {**undo, "kind": dispatch.kind})
+    decision = backend.fire(H, None, overlap=True, lease=600, now=at(95))
+    assert decision.action is FireAction.REARM
+    assert decision.dispatch.countdown == pytest.approx(25.1)

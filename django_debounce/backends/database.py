@@ -322,9 +322,16 @@ class DatabaseBackend(BaseBackend):
                 row.due_fixed = False
             elif row.last_trigger_at == undo["at"] and undo["due_at"] is not None:
                 # No trigger came after the one taken back: the flight is as it was before it.
-                row.payload = undo["payload"]
+                # Collected items: only its own goes (a retried or lost run's items may have
+                # rejoined the flight since).
+                if not isinstance(row.payload, list):
+                    row.payload = undo["payload"]
+                elif undo.get("added"):
+                    row.payload = [i for i in row.payload if dumps(i) != dumps(undo["item"])]
                 row.last_trigger_at = undo["last_trigger_at"]
                 row.due_at = undo["due_at"]
+                if row.not_before is not None:  # a retry's backoff that began since
+                    row.due_at = max(row.due_at, row.not_before)
                 row.due_fixed = undo.get("due_fixed", row.due_fixed)
             elif (
                 undo.get("added")

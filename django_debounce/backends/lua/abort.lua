@@ -31,6 +31,7 @@ elseif s.lt == tonumber(ARGV[10]) and tonumber(ARGV[6]) > 0 then
   -- no trigger came after the one taken back: the flight is as it was before it
   s.lt = tonumber(ARGV[5])
   s.d = tonumber(ARGV[6])
+  if s.nb > s.d then s.d = s.nb end  -- a retry's backoff that began since
   s.df = tonumber(ARGV[11])
   restored = true
   if s.cl == 0 then extra = {'pl', ARGV[4]} end
