@@ -1,23 +1,31 @@
-"""Admin pages for keys and runs: read-only, with operator actions that need change permission."""
+"""Admin pages for keys and runs: read-only, with operator actions that need change
+permission, and a per-task summary (DESIGN.md section 6)."""
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from django.contrib import admin, messages
 from django.contrib.admin.views.main import ChangeList
 from django.contrib.auth import get_permission_codename
-from django.http import HttpRequest
+from django.core.exceptions import PermissionDenied
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path, reverse
 from django.utils import timezone
+from django.utils.html import format_html, format_html_join
+from django.utils.http import urlencode
+from django.utils.translation import gettext_lazy as _
 
-from django_debounce import conf
-from django_debounce.backends import get_backend
+from django_debounce import charts, conf, display, live
 from django_debounce.exceptions import UnknownTask
 from django_debounce.models import DebounceKey, DebounceRun
+from django_debounce.summary import DEFAULT_PERIOD, PERIODS, summarize
 from django_debounce.tasks import get_debounced_task
 
-logger = logging.getLogger("django_debounce")
+# Runs listed on a key's page (the rest are one click away, in the runs list).
+RECENT_RUNS = 20
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -33,43 +41,45 @@ class ReadOnlyAdmin(admin.ModelAdmin):
         return False  # keys and runs go through debounce_purge, never by hand
 
 
-class DebounceRunInline(admin.TabularInline):
-    model = DebounceRun
-    extra = 0
-    can_delete = False
-    fields = (
-        "run_id",
-        "flight_id",
-        "triggers",
-        "started_at",
-        "delay",
-        "finished_at",
-        "outcome",
-        "error",
-    )
-    readonly_fields = fields
-    ordering = ("-run_id",)
-    max_num = 0
+class TaskFilter(admin.SimpleListFilter):
+    """By task; the choices come from the keys table (indexed on the task name), never from
+    the much larger run history."""
 
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
+    title = _("task")
+    parameter_name = "task"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        names = (
+            DebounceKey.objects.order_by("task_name").values_list("task_name", flat=True).distinct()
+        )
+        return [(name, name) for name in names]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
+        value = self.value()
+        return queryset.filter(task_name=value) if value else queryset
 
 
-class LivePendingChangeList(ChangeList):
-    """After pagination, read the live pending counts of the rows on screen in one call
-    (one Redis pipeline for keys the Redis store holds; their rows are written only on
-    flight transitions)."""
+class StoreFilter(admin.SimpleListFilter):
+    """By store, with fixed choices (no ``SELECT DISTINCT`` over the tables)."""
+
+    title = _("store")
+    parameter_name = "store"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("database", _("database")), ("redis", _("redis"))]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
+        value = self.value()
+        return queryset.filter(store=value) if value else queryset
+
+
+class LiveChangeList(ChangeList):
+    """After pagination, read the live values of the rows on screen that the Redis store
+    holds, in one pipeline (their rows are written only on flight transitions)."""
 
     def get_results(self, request: HttpRequest) -> None:
         super().get_results(request)
-        rows = list(self.result_list)
-        try:
-            counts = get_backend().pending_counts([row.key_hash for row in rows])
-        except Exception:  # the page still shows the durable record when Redis is down
-            logger.warning("django_debounce: live pending counts unavailable", exc_info=True)
-            counts = {}
-        for row in rows:
-            row.live_pending = counts.get(row.key_hash, row.pending)
+        live.refresh(list(self.result_list))
 
 
 class DebounceKeyAdmin(ReadOnlyAdmin):
@@ -78,19 +88,76 @@ class DebounceKeyAdmin(ReadOnlyAdmin):
         "task_name",
         "state",
         "live_pending",
-        "flight_id",
         "triggers",
-        "runs",
         "merged",
-        "due_at",
-        "last_run_at",
-        "last_outcome",
+        "runs",
+        "first_trigger",
+        "last_trigger",
+        "fires",
+        "last_run",
     )
-    list_filter = ("state", "task_name", "store")
-    search_fields = ("key", "task_name")
-    readonly_fields = ["live_pending", *(f.name for f in DebounceKey._meta.fields)]
-    inlines = [DebounceRunInline]
+    list_filter = ("state", TaskFilter, StoreFilter)
+    search_fields = ("key",)
+    fieldsets = (
+        (
+            None,
+            {"fields": ("key", "task_name", "state", "live_pending", "fires", "last_run", "store")},
+        ),
+        (_("Totals"), {"fields": ("triggers", "merged", "runs", "cancelled")}),
+        (_("Recent runs"), {"fields": ("recent_runs",)}),
+        (
+            _("Open flight"),
+            {
+                "fields": (
+                    "flight_id",
+                    "first_trigger_at",
+                    "last_trigger_at",
+                    "due_at",
+                    "attempt",
+                    "not_before",
+                    "payload",
+                )
+            },
+        ),
+        (
+            _("Live run and dispatch"),
+            {
+                "classes": ("collapse",),
+                "fields": (
+                    "run_id",
+                    "running_until",
+                    "run_attempt",
+                    "run_triggers",
+                    "run_first_trigger_at",
+                    "run_payload",
+                    "scheduled_seq",
+                    "scheduled",
+                    "scheduled_at",
+                    "watchdog_at",
+                    "merge_until",
+                    "overlap",
+                    "key_hash",
+                    "created_at",
+                    "updated_at",
+                ),
+            },
+        ),
+    )
+    readonly_fields = [
+        "live_pending",
+        "first_trigger",
+        "last_trigger",
+        "fires",
+        "last_run",
+        "recent_runs",
+        *(f.name for f in DebounceKey._meta.fields),
+    ]
     actions = ["run_now", "cancel_pending", "purge_idle"]
+    # Facet counts would be one COUNT per filter choice: not on tables this size.
+    if hasattr(admin, "ShowFacets"):  # Django >= 5.0
+        show_facets = admin.ShowFacets.NEVER
+
+    # -- permissions and actions ------------------------------------------------------------
 
     def has_operate_permission(self, request: HttpRequest) -> bool:
         """Operator actions need the model's change permission; the page itself stays
@@ -98,6 +165,17 @@ class DebounceKeyAdmin(ReadOnlyAdmin):
         opts = self.opts
         codename = get_permission_codename("change", opts)
         return bool(request.user.has_perm(f"{opts.app_label}.{codename}"))
+
+    def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> HttpResponse:
+        """The list of keys; an action posted without change permission is refused (403)
+        before Django's own handling, which would ignore it silently."""
+        if (
+            request.method == "POST"
+            and "action" in request.POST
+            and not self.has_operate_permission(request)
+        ):
+            raise PermissionDenied("Debounce actions need the change permission on keys.")
+        return super().changelist_view(request, extra_context)
 
     def _tasks(self, request: HttpRequest, queryset: Any) -> list[tuple[Any, DebounceKey]]:
         """Selected rows with their task; a task name that is not a registered debounced
@@ -110,15 +188,17 @@ class DebounceKeyAdmin(ReadOnlyAdmin):
                 self.message_user(request, str(exc), messages.WARNING)
         return out
 
-    @admin.action(description="Run now", permissions=["operate"])
+    @admin.action(description=_("Run now"), permissions=["operate"])
     def run_now(self, request: HttpRequest, queryset: Any) -> None:
+        """Make the pending flight of each selected key due now (a live run finishes first)."""
         count = sum(
             1 for task, row in self._tasks(request, queryset) if task.flush_key(row.key_hash)
         )
         self.message_user(request, f"{count} key(s) with pending triggers will run now.")
 
-    @admin.action(description="Cancel pending triggers", permissions=["operate"])
+    @admin.action(description=_("Cancel pending triggers"), permissions=["operate"])
     def cancel_pending(self, request: HttpRequest, queryset: Any) -> None:
+        """Drop the pending triggers of each selected key (a live run goes on)."""
         keys = dropped = 0
         for task, row in self._tasks(request, queryset):
             n = task.get_backend().cancel(row.key_hash)
@@ -126,23 +206,171 @@ class DebounceKeyAdmin(ReadOnlyAdmin):
             dropped += n
         self.message_user(request, f"Cancelled {dropped} pending trigger(s) on {keys} key(s).")
 
-    @admin.action(description="Purge idle keys", permissions=["operate"])
+    @admin.action(description=_("Purge idle keys"), permissions=["operate"])
     def purge_idle(self, request: HttpRequest, queryset: Any) -> None:
+        """Delete the selected keys that are idle (nothing pending or running), with their
+        run history."""
         deleted = queryset.delete_stale(timezone.now())
         self.message_user(request, f"Purged {deleted} idle key(s) and their run history.")
 
-    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
-        return LivePendingChangeList
+    # -- live values ------------------------------------------------------------------------
 
-    @admin.display(description="pending (live)")
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        """The changelist that reads live values for the rows on screen."""
+        return LiveChangeList
+
+    def get_object(self, request: HttpRequest, object_id: str, from_field: Any = None) -> Any:
+        """The key, with its live values when the Redis store holds it."""
+        obj = super().get_object(request, object_id, from_field)
+        if obj is not None:
+            live.refresh([obj])
+        return obj
+
+    @admin.display(description=_("pending (live)"), ordering="pending")
     def live_pending(self, obj: DebounceKey) -> int:
-        if hasattr(obj, "live_pending"):
-            return obj.live_pending
+        """Pending triggers now (from Redis for keys the Redis store holds)."""
+        if not hasattr(obj, "live_pending"):
+            live.refresh([obj])
+        return obj.live_pending  # type: ignore[attr-defined]
+
+    @admin.display(description=_("first trigger"), ordering="first_trigger_at")
+    def first_trigger(self, obj: DebounceKey) -> str:
+        """First trigger of the open flight, as "12 s ago"."""
+        return display.ago(obj.first_trigger_at, timezone.now())
+
+    @admin.display(description=_("last trigger"), ordering="last_trigger_at")
+    def last_trigger(self, obj: DebounceKey) -> str:
+        """Last trigger (of the open flight, else of the last claimed one), as "12 s ago"."""
+        return display.ago(obj.last_trigger_at, timezone.now())
+
+    @admin.display(description=_("fires"), ordering="due_at")
+    def fires(self, obj: DebounceKey) -> str:
+        """When the open flight runs: "in 12 s", "now", "overdue 3 s", "after the live run"."""
+        return display.fire_time(obj, timezone.now())
+
+    @admin.display(description=_("last run"), ordering="last_run_at")
+    def last_run(self, obj: DebounceKey) -> str:
+        """When the last run started and how it ended: "3 min ago: success"."""
+        if obj.last_run_at is None:
+            return ""
+        when = display.ago(obj.last_run_at, timezone.now())
+        return f"{when}: {obj.last_outcome}" if obj.last_outcome else when
+
+    @admin.display(description=_("recent runs"))
+    def recent_runs(self, obj: DebounceKey) -> str:
+        """The key's most recent runs as a table, with a link to all of them."""
+        runs = list(obj.run_history.order_by("-started_at", "-id")[:RECENT_RUNS])
+        if not runs:
+            return "no runs yet"
+        all_runs = (
+            reverse("admin:django_debounce_debouncerun_changelist")
+            + f"?debounce_key__id__exact={obj.pk}"
+        )
+        header = format_html(
+            "<tr><th>{}</th><th>{}</th><th>{}</th><th>{}</th><th>{}</th><th>{}</th><th>{}</th>"
+            "<th>{}</th><th>{}</th></tr>",
+            *(
+                _("run"),
+                _("flight"),
+                _("triggers"),
+                _("merged"),
+                _("started"),
+                _("delay"),
+                _("duration"),
+                _("outcome"),
+                _("error"),
+            ),
+        )
+        rows = format_html_join(
+            "",
+            '<tr class="debounce-run"><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>'
+            "<td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            (
+                (
+                    run.run_id,
+                    run.flight_id,
+                    run.triggers,
+                    run.merged,
+                    run.started_at.strftime("%Y-%m-%d %H:%M:%S"),
+                    display.duration(run.delay),
+                    display.duration((run.finished_at - run.started_at).total_seconds())
+                    if run.finished_at
+                    else "",
+                    run.outcome,
+                    run.error[:200],
+                )
+                for run in runs
+            ),
+        )
+        return format_html(
+            '<table class="debounce-recent-runs">{}{}</table><p><a href="{}">{}</a></p>',
+            header,
+            rows,
+            all_runs,
+            _("all runs of this key"),
+        )
+
+    # -- the summary page -----------------------------------------------------------------
+
+    def get_urls(self) -> list[URLPattern]:
+        summary = path(
+            "summary/",
+            self.admin_site.admin_view(self.summary_view),
+            name="django_debounce_debouncekey_summary",
+        )
+        return [summary, *super().get_urls()]
+
+    def summary_view(self, request: HttpRequest) -> HttpResponse:
+        """Per task over a chosen period: triggers in, runs out, coalescing ratio, median and
+        95th percentile trigger-to-start delay, and a chart (inline SVG). Needs view
+        permission on keys."""
+        if not self.has_view_or_change_permission(request):
+            raise PermissionDenied
+        period = request.GET.get("period", DEFAULT_PERIOD)
+        if period not in PERIODS:
+            period = DEFAULT_PERIOD
         try:
-            live = get_backend().live_state(obj.key_hash)
-        except Exception:
-            return obj.pending
-        return live["pending"] if live else obj.pending
+            page = int(request.GET.get("p", "1"))
+        except ValueError:
+            page = 1
+        data = summarize(period, page=page)
+        length, width = PERIODS[period]
+        fmt = "%b %d" if width.days else "%b %d %H:%M" if length.days > 1 else "%H:%M"
+        labels = [start.strftime(fmt) for start in data.bucket_starts]
+        rows = [
+            {
+                "task": task,
+                "median": display.duration(task.median_delay)
+                if task.median_delay is not None
+                else "",
+                "p95": display.duration(task.p95_delay) if task.p95_delay is not None else "",
+                "ratio": f"{task.ratio:.1f}" if task.ratio is not None else "",
+                "sparkline": charts.sparkline(task.bucket_triggers, task.bucket_runs, labels),
+                "keys_url": reverse("admin:django_debounce_debouncekey_changelist")
+                + "?"
+                + urlencode({"task": task.task_name}),
+            }
+            for task in data.tasks
+        ]
+        bucket = display.duration(data.bucket_width.total_seconds())
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "title": _("Debounce summary per task"),
+            "summary": data,
+            "rows": rows,
+            "periods": list(PERIODS),
+            "chart": charts.bar_chart(
+                data.totals.bucket_triggers,
+                data.totals.bucket_runs,
+                labels,
+                caption=f"triggers in and runs out per {bucket}",
+            ),
+            "bucket": bucket,
+            "totals_ratio": f"{data.totals.ratio:.1f}" if data.totals.ratio is not None else "",
+            "page_range": range(1, data.pages + 1),
+        }
+        return TemplateResponse(request, "admin/django_debounce/summary.html", context)
 
 
 class DebounceRunAdmin(ReadOnlyAdmin):
@@ -151,15 +379,21 @@ class DebounceRunAdmin(ReadOnlyAdmin):
         "debounce_key",
         "run_id",
         "flight_id",
+        "attempt",
         "triggers",
+        "merged",
         "started_at",
         "delay",
         "finished_at",
         "outcome",
     )
-    list_filter = ("outcome", "task_name")
+    list_filter = ("outcome", TaskFilter, StoreFilter)
     list_select_related = ("debounce_key",)
-    readonly_fields = [f.name for f in DebounceRun._meta.fields]
+    search_fields = ("debounce_key__key",)
+    show_full_result_count = False  # one COUNT over the history per page view, not two
+    if hasattr(admin, "ShowFacets"):  # Django >= 5.0
+        show_facets = admin.ShowFacets.NEVER
+    readonly_fields = ["merged", *(f.name for f in DebounceRun._meta.fields)]
 
 
 if conf.get("ADMIN_ENABLED"):

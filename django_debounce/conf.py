@@ -26,6 +26,11 @@ DEFAULTS: dict[str, Any] = {
     "REDIS_TTL": 86400,
     # Seconds a dispatch message may be overdue before recovery publishes it again.
     "DISPATCH_GRACE": 60,
+    # Seconds between recoveries in each worker (None or 0: only at worker start).
+    "RECOVERY_INTERVAL": 60,
+    # Seconds a worker waits in-process, per dispatch message, for a flight that became due
+    # a little later than its message (instead of publishing a new message). 0: never.
+    "REARM_HOLD": 0.25,
 }
 
 

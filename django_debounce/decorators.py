@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import difflib
+import inspect
 import json
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from celery import Task, shared_task
 from django.apps import apps
-from django.core.exceptions import ImproperlyConfigured
+from django.core.exceptions import ImproperlyConfigured, ValidationError
 from django.db import models, router
 from django.db.models.signals import post_delete
 from django.dispatch import Signal
@@ -97,6 +98,12 @@ def _options(
         raise ImproperlyConfigured(
             f"collect_limit= must be a positive int (items per run), got {collect_limit!r}."
         )
+    lease_s = conf.seconds(lease, name="lease", allow_none=True)
+    if lease_s is not None and lease_s <= 0:
+        raise ImproperlyConfigured(
+            f"lease= must be more than 0 seconds (how long a run may go without a heartbeat "
+            f"before it counts as lost), got {lease!r}."
+        )
     if key is not None and not callable(key):
         raise ImproperlyConfigured(f"key= must be a callable returning a str, got {key!r}.")
     return {
@@ -105,7 +112,7 @@ def _options(
         "debounce_key": staticmethod(key) if key is not None else None,
         "debounce_overlap": bool(overlap),
         "debounce_on_commit": on_commit,
-        "debounce_lease": conf.seconds(lease, name="lease", allow_none=True),
+        "debounce_lease": lease_s,
         "debounce_backend": backend,
         "debounce_leading": bool(leading),
         "debounce_trailing": bool(trailing),
@@ -226,6 +233,39 @@ def _pk(value: Any) -> Any:
     return value if isinstance(value, (int, str)) else str(value)
 
 
+def _checked_pk(task_name: str, model: Any, pk: Any) -> Any:
+    """``pk`` as the payload stores it, refused at trigger time when it cannot name a row of
+    ``model`` (an unsaved instance, ``None``, a value of the wrong type)."""
+    if pk is None:
+        raise TypeError(
+            f"{task_name}.trigger() needs a saved row: the {model._meta.label} has no primary "
+            "key yet (save it first, or trigger from post_save)."
+        )
+    try:
+        model._meta.pk.to_python(pk)
+    except ValidationError as exc:
+        raise TypeError(
+            f"{task_name}.trigger() got {pk!r}, which is not a primary key of "
+            f"{model._meta.label}: {'; '.join(exc.messages)}"
+        ) from None
+    return _pk(pk)
+
+
+def _check_receiver_key(name: str, key: Callable[..., str], collect: bool) -> None:
+    """A receiver's ``key=`` is called with the payload's fields as keywords; check that its
+    signature takes them at decoration time, not in the middle of a user's ``save()``."""
+    fields = ("model", "pk") if collect else ("model", "pk", "sender", "signal", "kwargs")
+    try:
+        inspect.signature(key).bind(**dict.fromkeys(fields))
+    except TypeError as exc:
+        raise ImproperlyConfigured(
+            f"key= of receiver {name} must accept the keyword arguments {', '.join(fields)} "
+            f"(for example `lambda model, pk, **kw: ...`): {exc}."
+        ) from None
+    except ValueError:  # no signature to inspect (a builtin): checked when called
+        pass
+
+
 def _label(obj: Any) -> str | None:
     if isinstance(obj, type) and issubclass(obj, models.Model):
         return str(obj._meta.label_lower)  # type: ignore[attr-defined]
@@ -268,7 +308,7 @@ class DebouncedReceiverTask(DebouncedTask):
             self._check_model(type(instance))
             payload = {
                 "model": instance._meta.label_lower,
-                "pk": _pk(instance.pk),
+                "pk": _checked_pk(self.name, type(instance), instance.pk),
                 "sender": None,
                 "signal": None,
                 "kwargs": {},
@@ -277,7 +317,7 @@ class DebouncedReceiverTask(DebouncedTask):
             self._check_model(args[0])
             payload = {
                 "model": _label(args[0]),
-                "pk": _pk(args[1]),
+                "pk": _checked_pk(self.name, args[0], args[1]),
                 "sender": None,
                 "signal": None,
                 "kwargs": {},
@@ -447,6 +487,12 @@ def debounced_receiver(
     )
 
     def decorate(handler: F) -> Any:
+        if key is not None:
+            _check_receiver_key(
+                celery_options.get("name", f"{handler.__module__}.{handler.__qualname__}"),
+                key,
+                collect,
+            )
         holder: list[Any] = []
         body = _collect_body(holder) if collect else _receiver_body(holder)
         name = celery_options.pop("name", f"{handler.__module__}.{handler.__qualname__}")

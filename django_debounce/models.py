@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from django.db import models
 from django.utils.translation import gettext_lazy as _
@@ -36,6 +36,19 @@ class DebounceKeyQuerySet(models.QuerySet):
             pending=0,
             running_until__isnull=True,
             updated_at__lt=cutoff,
+        )
+
+    def lease_expired(self, now: datetime) -> DebounceKeyQuerySet:
+        """Keys whose live run's lease ran out before ``now``: the run counts as lost and
+        recovery redoes it (as recorded in the row; for the Redis store, its mirror)."""
+        return self.filter(running_until__lt=now)
+
+    def dispatch_overdue(self, now: datetime, grace: float) -> DebounceKeyQuerySet:
+        """Keys with pending triggers and no live run whose dispatch message is missing or
+        overdue by more than ``grace`` seconds: recovery publishes a new one."""
+        waiting = self.filter(pending__gt=0, running_until__isnull=True)
+        return waiting.filter(
+            models.Q(scheduled=False) | models.Q(scheduled_at__lt=now - timedelta(seconds=grace))
         )
 
     def delete_stale(
@@ -193,7 +206,12 @@ class DebounceKey(models.Model):
         _("triggers"), default=0, help_text=_("Triggers counted, in total.")
     )
     runs = models.PositiveBigIntegerField(
-        _("runs"), default=0, help_text=_("Runs claimed, in total.")
+        _("runs"),
+        default=0,
+        help_text=_(
+            "Runs that covered their triggers, in total (attempts that failed and were "
+            "retried, or were lost, are not counted; the run history lists every attempt)."
+        ),
     )
     merged = models.PositiveBigIntegerField(
         _("merged"),
@@ -318,8 +336,20 @@ class DebounceRun(models.Model):
             ),
         ]
         indexes = [
-            models.Index(fields=["task_name", "started_at"], name="debounce_run_task_started"),
-            models.Index(fields=["started_at"], name="debounce_run_started"),
+            # Two covering indexes for the admin summary (runs of a period grouped by task,
+            # answered from an index alone): a short period is a range of the first, a long one
+            # a full scan of the second, already in task order. The first also serves the
+            # purge of old runs, the second the runs list filtered by task.
+            models.Index(
+                fields=["started_at", "task_name", "outcome", "delay", "triggers"],
+                name="debounce_run_summary",
+            ),
+            models.Index(
+                fields=["task_name", "started_at", "outcome", "delay", "triggers"],
+                name="debounce_run_task_summary",
+            ),
+            # The recent runs on a key's admin page.
+            models.Index(fields=["debounce_key", "started_at"], name="debounce_run_key_started"),
         ]
 
     def __str__(self) -> str:

@@ -1,6 +1,7 @@
-"""Recovery (DESIGN.md section 4, step 5) run outside a trigger: by ``debounce_purge`` and
-when a Celery worker starts (a worker that starts after a crash or a broker restart picks up
-flights whose dispatch message was lost)."""
+"""Recovery (DESIGN.md section 4, step 5) run outside a trigger: by ``debounce_purge``, when a
+Celery worker starts (a worker that starts after a crash or a broker restart picks up flights
+whose dispatch message was lost), and every ``DEBOUNCE_RECOVERY_INTERVAL`` seconds in each
+worker, so a lost message or a lost run is redone even when no trigger of its key comes."""
 
 from __future__ import annotations
 
@@ -16,14 +17,14 @@ from django_debounce.tasks import get_debounced_task
 logger = logging.getLogger("django_debounce")
 
 
-def recover(task_name: str | None = None) -> int:
+def recover() -> int:
     """Redo runs whose lease ran out and re-dispatch flights whose message is overdue by more
-    than ``DEBOUNCE_DISPATCH_GRACE`` seconds (or was never published). Only tasks registered
-    as debounced tasks are dispatched. Returns how many messages were published."""
+    than ``DEBOUNCE_DISPATCH_GRACE`` seconds (or was never published), for every key: the
+    stores recover all keys at once and record each message as outstanding, so every message
+    they return is published. Only tasks registered as debounced tasks are dispatched.
+    Returns how many messages were published."""
     published = 0
     for name, dispatch in get_backend().recover(grace=float(conf.get("DISPATCH_GRACE"))):
-        if task_name and name != task_name:
-            continue
         try:
             task = get_debounced_task(name)
         except UnknownTask as exc:
@@ -34,12 +35,33 @@ def recover(task_name: str | None = None) -> int:
     return published
 
 
-def recover_on_worker_start(sender: Any = None, **kwargs: Any) -> None:
-    """Celery ``worker_ready`` hook: run recovery once; never stops the worker from starting."""
+def recover_quietly(when: str = "periodically") -> int:
+    """``recover()`` that logs instead of raising (it runs in the worker's event loop)."""
+    from django.db import close_old_connections
+
+    close_old_connections()
     try:
         count = recover()
     except Exception:
-        logger.exception("django_debounce: recovery at worker start failed")
-        return
+        logger.exception("django_debounce: recovery %s failed", when)
+        return 0
     if count:
-        logger.warning("django_debounce: re-dispatched %d flights at worker start", count)
+        logger.warning("django_debounce: re-dispatched %d flights %s", count, when)
+    return count
+
+
+def recover_on_worker_start(sender: Any = None, **kwargs: Any) -> None:
+    """Celery ``worker_ready`` hook: run recovery once, then every
+    ``DEBOUNCE_RECOVERY_INTERVAL`` seconds on the consumer's timer (``None`` or ``0``: only at
+    start). Never stops the worker from starting."""
+    recover_quietly("at worker start")
+    try:
+        interval = conf.seconds(
+            conf.get("RECOVERY_INTERVAL"), name="DEBOUNCE_RECOVERY_INTERVAL", allow_none=True
+        )
+    except Exception:
+        logger.exception("django_debounce: bad DEBOUNCE_RECOVERY_INTERVAL; no periodic recovery")
+        return
+    timer = getattr(sender, "timer", None)
+    if interval and timer is not None:
+        timer.call_repeatedly(interval, recover_quietly)

@@ -45,6 +45,8 @@ class TriggerResult:
     - ``scheduled``: ``True`` when this trigger published the dispatch message;
       ``False`` when it was merged into a flight that already had one.
     - ``deferred``: ``True`` when the trigger waits for the surrounding transaction to commit.
+    - ``dropped``: ``True`` when ``trailing=False`` dropped it inside a leading run's window
+      (counted in ``cancelled``; no run will cover it, as lodash debounce).
     """
 
     key: str
@@ -53,6 +55,7 @@ class TriggerResult:
     due_at: datetime | None
     scheduled: bool
     deferred: bool = False
+    dropped: bool = False
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import inspect
 import logging
+import threading
+import time
 import traceback
 from collections.abc import Callable
 from functools import partial
@@ -16,9 +18,10 @@ from typing import Any
 from celery import Task
 from celery.exceptions import Retry
 from celery.utils.time import get_exponential_backoff_interval
+from django.core.exceptions import ImproperlyConfigured
 from django.db import DEFAULT_DB_ALIAS, InterfaceError, OperationalError, connections, transaction
 
-from django_debounce import conf
+from django_debounce import conf, observe
 from django_debounce.backends import get_backend
 from django_debounce.backends.base import BaseBackend
 from django_debounce.dispatch import DISPATCH_KWARG, is_eager, publish, publish_quietly
@@ -48,6 +51,45 @@ STORE_RETRIES = 600
 # Seconds a lease derived from a task's hard time limit adds to it: the run is killed at the
 # limit, and counted lost this much later (claim-to-start latency, clock drift).
 LEASE_MARGIN = 5.0
+
+
+class _AutoHeartbeat:
+    """While a body runs, extend its lease every ``lease / 3`` seconds from a daemon thread, so
+    a run that is alive never loses its lease however long it takes; when its worker dies the
+    heartbeats stop and the lease runs out (I7). A ``False`` heartbeat (the lease was already
+    lost) is logged and ends the thread. The thread closes its own database connections."""
+
+    def __init__(self, info: RunInfo, lease: float, label: str) -> None:
+        self.info = info
+        self.every = max(lease / 3.0, 0.05)
+        self.label = label
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._loop, name=f"debounce-heartbeat {label}")
+        self.thread.daemon = True
+
+    def _loop(self) -> None:
+        try:
+            while not self.stop.wait(self.every):
+                try:
+                    alive = self.info.heartbeat()
+                except Exception:
+                    logger.exception("django_debounce: heartbeat of %s failed", self.label)
+                    continue
+                if not alive:
+                    logger.warning(
+                        "django_debounce: %s lost its lease; its triggers run again", self.label
+                    )
+                    return
+        finally:
+            connections.close_all()
+
+    def __enter__(self) -> _AutoHeartbeat:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(timeout=10)
 
 
 class _RetryRequested(Retry):
@@ -101,7 +143,10 @@ class DebouncedTask(Task):
         limit = self.time_limit or self.app.conf.task_time_limit
         if limit:
             return float(limit) + LEASE_MARGIN
-        return conf.seconds(conf.get("LEASE"), name="DEBOUNCE_LEASE")  # type: ignore[return-value]
+        lease = conf.seconds(conf.get("LEASE"), name="DEBOUNCE_LEASE")
+        if not lease:
+            raise ImproperlyConfigured("DEBOUNCE_LEASE must be more than 0 seconds.")
+        return lease
 
     @property
     def collect_limit(self) -> int | None:
@@ -169,8 +214,9 @@ class DebouncedTask(Task):
         ``key(item)``."""
         if len(args) != 1 or kwargs:
             raise TypeError(
-                f"{self.name} collects items (collect=True): trigger() takes exactly one JSON "
-                f"value, got args={args!r} kwargs={kwargs!r}."
+                f"{self.name} collects items (collect=True): trigger(), flush() and cancel() "
+                f"take exactly one JSON value (flush() and cancel() none with the default "
+                f"key), got args={args!r} kwargs={kwargs!r}."
             )
         item = args[0]
         encoded = dumps(item)
@@ -257,6 +303,7 @@ class DebouncedTask(Task):
                     dispatch.key_hash, dispatch.seq, {**(undo or {}), "kind": dispatch.kind}
                 )
                 raise
+        observe.triggered(self, result)
         return result
 
     def flush(self, *args: Any, **kwargs: Any) -> bool:
@@ -265,8 +312,7 @@ class DebouncedTask(Task):
         A live run of the key is not interrupted: the flight runs when it finishes.
         Under ``task_always_eager`` the flight runs in this process before ``flush`` returns.
         """
-        key, _payload = self.resolve(args, kwargs)
-        return self.flush_key(key_hash(self.name, key))
+        return self.flush_key(key_hash(self.name, self._key_of(args, kwargs)))
 
     def flush_key(self, hashed: str) -> bool:
         """``flush`` for a key hash (admin "run now")."""
@@ -282,8 +328,15 @@ class DebouncedTask(Task):
 
     def cancel(self, *args: Any, **kwargs: Any) -> int:
         """Drop the pending flight for these arguments; returns how many triggers were dropped."""
+        return self.get_backend().cancel(key_hash(self.name, self._key_of(args, kwargs)))
+
+    def _key_of(self, args: tuple, kwargs: dict) -> str:
+        """The key that ``trigger(*args, **kwargs)`` would count under; for a collecting task
+        with the default key (the task name) no arguments are needed."""
+        if self.debounce_collect and self.debounce_key is None and not args and not kwargs:
+            return self.name
         key, _payload = self.resolve(args, kwargs)
-        return self.get_backend().cancel(key_hash(self.name, key))
+        return key
 
     # -- worker side ----------------------------------------------------------------------
 
@@ -352,14 +405,27 @@ class DebouncedTask(Task):
         result when this message claimed the flight, else ``None``. ``store`` names the store
         that issued the message (``"d"``/``"r"``), for the ``auto`` backend."""
         backend = self.get_backend()
-        decision = backend.fire(
-            hashed,
-            seq,
-            overlap=self.debounce_overlap,
-            lease=self.lease,
-            store=store,
-            collect_limit=self.collect_limit,
-        )
+        hold = float(conf.get("REARM_HOLD") or 0) if in_worker else 0.0
+        while True:
+            decision = backend.fire(
+                hashed,
+                seq,
+                overlap=self.debounce_overlap,
+                lease=self.lease,
+                store=store,
+                collect_limit=self.collect_limit,
+            )
+            rearm = decision.dispatch if decision.action is FireAction.REARM else None
+            if rearm is not None and rearm.countdown <= hold and rearm.kind == "fire":
+                # The flight is due within the hold: wait for it here and deliver the new
+                # message in-process (its sequence is the valid one) instead of publishing it.
+                # A burst then costs one message; a worker that dies while waiting leaves a
+                # message the store counts as outstanding, re-dispatched after the grace.
+                time.sleep(rearm.countdown)
+                hold -= rearm.countdown
+                seq, store = rearm.seq, rearm.store
+                continue
+            break
         if decision.dispatch is not None:
             publish_quietly(self, decision.dispatch)
         if decision.action is not FireAction.CLAIM or decision.claim is None:
@@ -394,6 +460,15 @@ class DebouncedTask(Task):
 
             countdown = max((eta - timezone.now()).total_seconds(), 0.0)
         raise _RetryRequested(exc, countdown, max_retries)
+
+    def _retries(self, exc: BaseException) -> bool:
+        """Whether a failure is retried: always after ``retry()`` (which Celery's
+        ``autoretry_for`` calls too); otherwise every exception, unless the task names
+        ``autoretry_for``, which then narrows retries to those exceptions as in Celery."""
+        if isinstance(exc, _RetryRequested):
+            return True
+        autoretry = tuple(getattr(self, "autoretry_for", ()) or ())
+        return not autoretry
 
     def retry_delay(self, attempt: int) -> float:
         """Seconds before retry number ``attempt + 1``, from the task's Celery options:
@@ -446,23 +521,38 @@ class DebouncedTask(Task):
                 backend.heartbeat, claim.key_hash, claim.run_id, self.lease, store=claim.store
             ),
         )
+        max_retries = self.max_retries
+        if max_retries is not None and claim.attempt > max_retries:
+            # Runs lost with their worker (killed, out of memory) count as attempts too: a
+            # flight that keeps killing its worker is given up like one that keeps failing.
+            error = (
+                f"given up after {claim.attempt} attempts (max_retries={max_retries}); "
+                "the last ones were lost with their worker"
+            )
+            self._finish(backend, claim, ok=False, error=error)
+            observe.run_finished(self, claim, time.monotonic(), observe.FAILURE, error)
+            return None
         args, kwargs = self.call_arguments(claim.payload)
         if self._wants_runinfo():
             kwargs[RESERVED_PARAMETER] = info
+        started = observe.run_started(self, claim)
         try:
-            result = self._call_body(args, kwargs, claim.attempt)
+            with _AutoHeartbeat(info, self.lease, f"{self.name} run {claim.run_id}"):
+                result = self._call_body(args, kwargs, claim.attempt)
         except Exception as exc:
-            countdown, max_retries, cause = None, self.max_retries, exc
+            countdown, cause = None, exc
             if isinstance(exc, _RetryRequested):
                 countdown = exc.countdown
                 if exc.max_retries is not None:
                     max_retries = exc.max_retries
                 cause = exc.exc or exc
             retry_in = None
-            if max_retries is None or claim.attempt < max_retries:
+            if self._retries(exc) and (max_retries is None or claim.attempt < max_retries):
                 retry_in = countdown if countdown is not None else self.retry_delay(claim.attempt)
             error = "".join(traceback.format_exception_only(type(cause), cause)).strip()
             self._finish(backend, claim, ok=False, error=error, retry_in=retry_in)
+            outcome = observe.FAILURE if retry_in is None else observe.RETRY
+            observe.run_finished(self, claim, started, outcome, error)
             if retry_in is not None:
                 logger.warning(
                     "django_debounce: %s run %s of %r failed (%s); retry %d in %.3gs",
@@ -479,6 +569,7 @@ class DebouncedTask(Task):
                 raise cause from None
             raise
         self._finish(backend, claim, ok=True)
+        observe.run_finished(self, claim, started, observe.SUCCESS)
         return result
 
     def _finish(

@@ -10,33 +10,44 @@ from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 
+from django_debounce import conf
 from django_debounce.backends import get_backend
 from django_debounce.state import FireAction
 from django_debounce.tasks import get_debounced_task
 
 
 def run_due(now: datetime | None = None, *, backend: str | None = None) -> int:
-    """Claim and run every flight due at ``now`` (default: the store's clock) in this process.
+    """Claim and run every flight due at ``now`` (default: the store's clock) in this process,
+    again and again until none is due (a collected flight larger than ``collect_limit`` runs
+    as several batches). Runs whose lease ran out by ``now`` are recovered first.
 
     ``now`` is an aware datetime; pass a future time to run flights whose ``wait`` has not
-    passed yet. Returns how many runs executed. Exceptions of a body propagate after its
-    failure is recorded.
+    passed yet. Returns how many runs executed. A body's exception propagates at once (after
+    its failure or retry is recorded); flights not yet run stay due for the next call.
     """
     store = get_backend(backend)
+    # Runs whose lease ran out by `now` go back to pending first (their messages are not
+    # published: this function is the worker).
+    store.recover(grace=float(conf.get("DISPATCH_GRACE")), now=now)
     count = 0
-    for task_name, key_hash in store.due_keys(now):
-        task = get_debounced_task(task_name)
-        decision = task.get_backend().fire(
-            key_hash,
-            None,
-            overlap=task.debounce_overlap,
-            lease=task.lease,
-            now=now,
-            collect_limit=task.collect_limit,
-        )
-        if decision.action is FireAction.CLAIM and decision.claim is not None:
-            task.run_claim(task.get_backend(), decision.claim)
-            count += 1
+    for _pass in range(1000):
+        ran = 0
+        for task_name, key_hash in store.due_keys(now):
+            task = get_debounced_task(task_name)
+            decision = task.get_backend().fire(
+                key_hash,
+                None,
+                overlap=task.debounce_overlap,
+                lease=task.lease,
+                now=now,
+                collect_limit=task.collect_limit,
+            )
+            if decision.action is FireAction.CLAIM and decision.claim is not None:
+                task.run_claim(task.get_backend(), decision.claim)
+                ran += 1
+        count += ran
+        if not ran:
+            break
     return count
 
 

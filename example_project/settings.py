@@ -7,7 +7,8 @@ Defaults need no server: SQLite in ``example_project/var/`` and kombu's filesyst
   ``sqlite:////absolute/path.sqlite3``;
 - ``CELERY_BROKER_URL``: e.g. ``redis://localhost:6379/5`` (any broker URL Celery knows);
 - ``REDIS_URL``: a django-redis default cache, so django-debounce keeps its state in Redis;
-- ``DJANGO_SECRET_KEY``, ``DJANGO_DEBUG`` (``0``/``1``), ``DJANGO_ALLOWED_HOSTS`` (comma list).
+- ``DJANGO_SECRET_KEY``, ``DJANGO_DEBUG`` (``0``/``1``), ``DJANGO_ALLOWED_HOSTS`` (comma list);
+- ``CATALOGUE_SEARCH_WAIT``, ``CATALOGUE_STATS_WAIT``: the catalogue's debounce waits (seconds).
 """
 
 from __future__ import annotations
@@ -186,6 +187,11 @@ CELERY_TIMEZONE = TIME_ZONE
 
 DEBOUNCE_BACKEND = "auto"
 DEBOUNCE_LEASE = 60
+
+# Quiet periods of the catalogue's debounced work, in seconds. The browser test lengthens them
+# (CATALOGUE_SEARCH_WAIT=600) so that a burst of admin saves stays pending until "Run now".
+CATALOGUE_SEARCH_WAIT = float(os.environ.get("CATALOGUE_SEARCH_WAIT", "2"))
+CATALOGUE_STATS_WAIT = float(os.environ.get("CATALOGUE_STATS_WAIT", "5"))
 
 LOGGING = {
     "version": 1,

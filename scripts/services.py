@@ -3,6 +3,7 @@
 
     python3 scripts/services.py up --dir DIR    # start both, write DIR/env.sh
     python3 scripts/services.py down --dir DIR  # stop both, remove DIR
+    python3 scripts/services.py browser         # make sure Debian's chromium + chromedriver exist
 
 Stdlib only: it runs under the system python3 before any virtualenv exists.
 Both servers listen on 127.0.0.1 only, on free ports, and keep all their
@@ -57,6 +58,24 @@ def ensure_packages():
         missing.append("redis-server")
     if not os.access(os.path.join(PG_BIN, "initdb"), os.X_OK):
         missing.append("postgresql-15")
+    apt_install(missing)
+    if not shutil.which("redis-server") or not os.path.exists(os.path.join(PG_BIN, "initdb")):
+        raise ServiceError("packages installed but binaries still not found")
+
+
+BROWSER = {"chromium": "/usr/bin/chromium", "chromium-driver": "/usr/bin/chromedriver"}
+
+
+def ensure_browser():
+    """Install Debian's chromium and chromium-driver (for the browser test) if missing."""
+    apt_install([pkg for pkg, path in BROWSER.items() if not os.access(path, os.X_OK)])
+    missing = [path for path in BROWSER.values() if not os.access(path, os.X_OK)]
+    if missing:
+        raise ServiceError(f"packages installed but {', '.join(missing)} still not found")
+
+
+def apt_install(missing):
+    """apt-get install the Debian packages in missing (nothing when it is empty)."""
     if not missing:
         return
     if not IS_ROOT:
@@ -77,8 +96,6 @@ def ensure_packages():
     finally:
         if own_policy:
             os.remove(POLICY_RC_D)
-    if not shutil.which("redis-server") or not os.path.exists(os.path.join(PG_BIN, "initdb")):
-        raise ServiceError("packages installed but binaries still not found")
     log(f"apt-get finished in {time.monotonic() - started:.0f}s")
 
 
@@ -254,9 +271,18 @@ def down(d):
 def main():
     """Parse arguments and dispatch to up or down."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("action", choices=["up", "down"])
-    parser.add_argument("--dir", required=True, help="state directory (removed by down)")
+    parser.add_argument("action", choices=["up", "down", "browser"])
+    parser.add_argument("--dir", help="state directory (removed by down)")
     args = parser.parse_args()
+    if args.action == "browser":
+        try:
+            ensure_browser()
+        except (ServiceError, OSError) as exc:
+            print(f"services.py browser: ERROR: {exc}", file=sys.stderr)
+            return 1
+        return 0
+    if not args.dir:
+        parser.error("--dir is required for up and down")
     return up(args.dir) if args.action == "up" else down(args.dir)
 
 

@@ -201,7 +201,9 @@ class KeyModel:
         if self.running_until is None or self.running_until > now:
             return
         lost = self.run_id
+        attempt = self.run_attempt
         self._unclaim(now)
+        self.attempt = max(self.attempt, attempt + 1)  # a lost run counts as an attempt
         self.events.append(lost)
 
     def _edge(self, now: int) -> str:
@@ -409,9 +411,14 @@ class KeyModel:
     def finish(self, now: int, run_id: int, *, ok: bool, retry_in: int | None) -> Msg | None:
         if not self.exists:
             return None
+        lost = self.running_until is not None and self.running_until <= now
         self._recover_lease(now)
         if not self.current(run_id):
-            return None  # a late finisher after its lease ran out changes nothing
+            # a late finisher after its lease ran out changes nothing; when it recovered the
+            # lost run itself, it publishes that flight's message
+            if lost and self.pending and self.running_until is None and not self.scheduled:
+                return self._schedule(max(self.due if self.due is not None else now, now), now)
+            return None
         if not ok and retry_in is not None:
             attempt = self.run_attempt + 1
             self._unclaim(now)

@@ -113,6 +113,8 @@ CELERY_TASK_DEFAULT_QUEUE = "debounce-tests"
 CELERY_TASK_ROUTES = {
     "testapp.failover": {"queue": "debounce-failover"},
     "testapp.crashy": {"queue": "debounce-crash"},
+    "testapp.eta": {"queue": "debounce-eta"},
+    "testapp.orphan": {"queue": "debounce-recovery"},
 }
 CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
@@ -120,11 +122,22 @@ CELERY_RESULT_BACKEND = None
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# The ETA redelivery test gives its worker a short visibility timeout, so the Redis transport
+# delivers an unacknowledged ETA message a second time.
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600}
+if os.environ.get("DEBOUNCE_TEST_VISIBILITY"):
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "visibility_timeout": float(os.environ["DEBOUNCE_TEST_VISIBILITY"]),
+        "unacked_restore_interval": 1,
+        "unacked_restore_throttle": 1,
+    }
 
 DEBOUNCE_BACKEND = os.environ.get("DEBOUNCE_TEST_BACKEND", "auto")
 DEBOUNCE_DEFAULT_WAIT = 0.3
 DEBOUNCE_LEASE = 60
+# The recovery test's worker recovers every second, with a one-second grace.
+DEBOUNCE_RECOVERY_INTERVAL = float(os.environ.get("DEBOUNCE_TEST_RECOVERY_INTERVAL", 60))
+DEBOUNCE_DISPATCH_GRACE = float(os.environ.get("DEBOUNCE_TEST_DISPATCH_GRACE", 60))
 
 LOGGING = {
     "version": 1,

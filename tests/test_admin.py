@@ -82,7 +82,7 @@ def test_view_permission_shows_the_page_without_actions_and_refuses_a_posted_act
     assert page.status_code == 200
     assert page.context["action_form"] is None
     row = DebounceKey.objects.get()
-    post_action(viewer, "cancel_pending", [row])
+    assert post_action(viewer, "cancel_pending", [row]).status_code == 403
     assert record_slow.get_backend().live_state(row.key_hash)["pending"] == 3
     assert (
         viewer.get(reverse("admin:django_debounce_debouncekey_change", args=[row.pk])).status_code

@@ -59,6 +59,7 @@ def test_wrong_arguments_raise_type_error():
         ({"leading": False, "trailing": False}, ImproperlyConfigured),
         ({"collect": True, "collect_limit": 0}, ImproperlyConfigured),
         ({"collect": True, "collect_limit": "10"}, ImproperlyConfigured),
+        ({"lease": 0}, ImproperlyConfigured),
     ],
 )
 def test_bad_decorator_options_name_the_fix(options, error):
@@ -208,3 +209,41 @@ def test_plain_delay_checks_arguments_at_call_time():
         record.delay("tag", 1, "note", "one too many")
     with pytest.raises(TypeError):
         record.delay(nope=1)
+
+
+def test_receiver_trigger_refuses_rows_that_cannot_exist():
+    from tests.testapp.models import Item
+    from tests.testapp.tasks import item_saved
+
+    with pytest.raises(TypeError, match="save it first"):
+        item_saved.trigger(Item())
+    with pytest.raises(TypeError, match="save it first"):
+        item_saved.trigger(Item, None)
+    with pytest.raises(TypeError, match="not a primary key"):
+        item_saved.trigger(Item, "abc")
+
+
+def test_receiver_key_with_the_wrong_signature_fails_at_decoration():
+    from django.db.models.signals import post_save
+
+    from django_debounce import debounced_receiver
+    from tests.testapp.models import OtherItem
+
+    with pytest.raises(ImproperlyConfigured, match="model, pk, sender, signal, kwargs"):
+        debounced_receiver(
+            post_save, sender=OtherItem, name="testapp.bad_key", key=lambda instance: "x"
+        )(lambda sender, **kw: None)
+
+
+@debounced_task(wait=60, collect=True, name="testapp.plain_batch")
+def plain_batch(items):
+    return items
+
+
+@pytest.mark.django_db(transaction=True)
+def test_collect_flush_and_cancel_need_no_item_with_the_default_key(store):
+    plain_batch.trigger(1)
+    plain_batch.trigger(2)
+    assert plain_batch.cancel() == 2
+    plain_batch.trigger(3)
+    assert plain_batch.flush() is True

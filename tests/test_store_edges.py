@@ -237,7 +237,8 @@ def test_a_finish_after_the_lease_keeps_the_run_lost(store):
     claim = backend.fire(H, None, overlap=False, lease=1, now=start).claim
     assert claim is not None
     late = start + timedelta(seconds=2)
-    assert backend.finish(H, claim.run_id, ok=True, now=late) is None
+    follow = backend.finish(H, claim.run_id, ok=True, now=late)
+    assert follow is not None and follow.kind == "fire"  # the recovered flight's message
     live = backend.live_state(H)
     assert (live["state"], live["pending"], live["runs"]) == ("pending", 1, 0)
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from django.conf import settings
 
-from django_debounce import conf
+from django_debounce import conf, observe
 from django_debounce.backends.base import BaseBackend
 from django_debounce.backends.database import DatabaseBackend
 from django_debounce.state import FireAction
@@ -111,12 +111,14 @@ class AutoBackend(BaseBackend):
                 out = redis.trigger(**kwargs)
             except self.errors as exc:
                 self._failed(exc)
+                observe.fallback(kwargs["task_name"])
             else:
                 self._recovered()
                 return out
         elif self._in_outage:
             with stats.lock:
                 stats.fallbacks += 1
+            observe.fallback(kwargs["task_name"])
         return self.database.trigger(**kwargs)
 
     def abort_trigger(self, key_hash, seq, undo):

@@ -107,7 +107,9 @@ class DatabaseBackend(BaseBackend):
             run_id=row.run_id,
             outcome=DebounceRun.Outcome.RUNNING,
         ).update(outcome=DebounceRun.Outcome.LOST, finished_at=now, error="lease ran out")
+        attempt = row.run_attempt
         self._unclaim(row, now)
+        row.attempt = max(row.attempt, attempt + 1)  # a lost run counts as an attempt
         row.last_outcome = DebounceRun.Outcome.LOST
 
     def _unclaim(self, row: DebounceKey, now: datetime) -> None:
@@ -233,7 +235,8 @@ class DatabaseBackend(BaseBackend):
                     row.cancelled += 1
                     row.last_trigger_at = now
                     self._save(row)
-                    return TriggerResult(key, row.flight_id, 0, None, scheduled=False), None, None
+                    result = TriggerResult(key, row.flight_id, 0, None, False, dropped=True)
+                    return result, None, None
                 row.flight_id += 1
                 row.first_trigger_at = now
                 row.payload = [] if collect_limit is not None else None
@@ -458,6 +461,7 @@ class DatabaseBackend(BaseBackend):
             row, now = self._lock(key_hash, now)
             if row is None:
                 return None
+            lost = row.running_until is not None and row.running_until <= now
             self._recover_lease(row, now)
             current = row.run_id == run_id and row.running_until is not None
             DebounceRun.objects.using(self.alias).filter(
@@ -471,8 +475,13 @@ class DatabaseBackend(BaseBackend):
                 error=error if current else (error or "finished after its lease ran out"),
             )
             if not current:
-                self._save(row)  # keep the lost lease recovered above
-                return None  # a late finisher after its lease ran out changes nothing
+                # A late finisher after its lease ran out changes nothing; the flight its lost
+                # run went back to (recovered just now) gets its message.
+                dispatch = None
+                if lost and row.pending and row.running_until is None and not row.scheduled:
+                    dispatch = self._schedule(row, max(row.due_at or now, now), now)
+                self._save(row)
+                return dispatch
             row.last_outcome = outcome
             if outcome == DebounceRun.Outcome.RETRY:
                 attempt = row.run_attempt + 1
@@ -570,7 +579,8 @@ class DatabaseBackend(BaseBackend):
         from their durable record."""
         out: list[tuple[str, Dispatch]] = []
         qs = DebounceKey.objects.using(self.alias).filter(
-            Q(store="database") | Q(key_hash__in=list(adopt))
+            Q(store="database") | Q(key_hash__in=list(adopt)),
+            state__in=[State.PENDING, State.RUNNING],  # the state index: idle rows need nothing
         )
         clock = now or timezone.now()
         cutoff = clock - timedelta(seconds=grace)

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import threading
 import time
 from datetime import datetime
 from datetime import timezone as dt_timezone
@@ -26,7 +28,9 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, router, transaction
 from django.utils import timezone
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from django_debounce import conf
 from django_debounce.backends.base import BaseBackend
@@ -76,6 +80,11 @@ def redis_keys(key_hash: str) -> list[str]:
     return [base, base + ":c", base + ":r"]
 
 
+def _pack(parts: list[bytes]) -> bytes:
+    """RESP bulk strings of ``parts``, without the array header."""
+    return b"".join(b"$%d\r\n%s\r\n" % (len(p), p) for p in parts)
+
+
 def _now(now: datetime | None) -> int:
     """ARGV[1] of every script: the time override in microseconds, 0 for Redis ``TIME``."""
     return _us(now) if now is not None else 0
@@ -122,6 +131,68 @@ class RedisBackend(BaseBackend):
             )
             scripts[op] = self.client.register_script(source)
         return scripts
+
+    @cached_property
+    def _direct(self) -> threading.local | None:
+        """Per-thread state of the direct trigger path, or ``None`` when the client is not a
+        plain ``redis.Redis`` on a ``ConnectionPool`` (Sentinel, Cluster: the normal path)."""
+        import redis
+
+        client = self.client
+        pool = getattr(client, "connection_pool", None)
+        if type(client) is not redis.Redis or type(pool) not in (
+            redis.ConnectionPool,
+            redis.BlockingConnectionPool,
+        ):
+            return None
+        self._tails: dict[tuple[Any, ...], bytes] = {}
+        return threading.local()
+
+    def _send_direct(self, packed: bytes) -> Any:
+        """Send one packed command on a connection this thread keeps for the trigger hot path
+        and read its reply: the hot path skips redis-py's per-command machinery (pool
+        checkout, retries, observability), which costs more than the script itself. The
+        connection is made with the pool's own settings (host, TLS, timeouts) and made again
+        after a fork. Errors are those of the normal path (``ConnectionError``,
+        ``TimeoutError``, ``ResponseError`` such as ``NoScriptError``); the connection is
+        dropped on a connection error."""
+        local = self._direct
+        assert local is not None
+        conn = getattr(local, "conn", None)
+        if conn is None or local.pid != os.getpid():
+            pool = self.client.connection_pool
+            conn = local.conn = pool.connection_class(**pool.connection_kwargs)
+            local.pid = os.getpid()
+        try:
+            conn.send_packed_command([packed], check_health=False)
+            return conn.read_response()
+        except (RedisConnectionError, RedisTimeoutError, OSError):
+            conn.disconnect()
+            raise
+
+    def _trigger_hot(self, rkey: str, payload: str, tail: tuple[Any, ...]) -> Any:
+        """``EVALSHA trigger 1 rkey 0 payload *tail`` through ``_send_direct``; the constant
+        head and tail of the command are packed once per task configuration."""
+        packed_tail = self._tails.get(tail)
+        sha = self.scripts["trigger"].sha
+        if packed_tail is None:
+            packed_tail = self._tails[tail] = _pack([str(a).encode() for a in tail])
+        head = b"*%d\r\n$7\r\nEVALSHA\r\n$40\r\n%s\r\n$1\r\n1\r\n" % (6 + len(tail), sha.encode())
+        k = rkey.encode()
+        p = payload.encode()
+        return self._send_direct(
+            b"".join(
+                (
+                    head,
+                    b"$%d\r\n" % len(k),
+                    k,
+                    b"\r\n$1\r\n0\r\n$%d\r\n" % len(p),
+                    p,
+                    b"\r\n",
+                    packed_tail,
+                )
+            )
+        )
 
     def _run(self, op: str, keys: str | list[str], args: list[Any]) -> Any:
         """EVALSHA of script ``op`` on one key (``keys`` a str) or the keys of one debounce key;
@@ -308,7 +379,14 @@ class RedisBackend(BaseBackend):
             collect_limit or 0,
         ]
         keys: str | list[str] = redis_keys(key_hash) if collect_limit else redis_key(key_hash)
-        out = self._run("trigger", keys, args)
+        out = None
+        if now is None and not collect_limit and self._direct is not None:
+            try:
+                out = self._trigger_hot(keys, encoded, tuple(args[2:]))  # type: ignore[arg-type]
+            except NoScriptError:
+                out = None  # the normal path loads the script again
+        if out is None:
+            out = self._run("trigger", keys, args)
         if len(out) == 1:  # new to Redis: continue the durable record's counters
             args += [key, task_name, int(time.time() * US), self._seed(key_hash)]
             out = self._run("trigger", keys, args)
@@ -342,6 +420,7 @@ class RedisBackend(BaseBackend):
             pending=int(pending),
             due_at=_dt(due),
             scheduled=kind == "fire",
+            dropped=int(pending) == 0,
         )
         undo = {
             "at": int(_now_us),
@@ -480,7 +559,9 @@ class RedisBackend(BaseBackend):
             if int(lost):
                 self._record(key_hash, snap, lost_run=int(lost))
             self._mark_lost(key_hash, run_id)
-            return None
+            return (
+                Dispatch(key_hash, int(seq), int(countdown) / US, self.store) if int(seq) else None
+            )
         if ok:
             outcome = DebounceRun.Outcome.SUCCESS
         elif retry_us >= 0:
@@ -603,6 +684,38 @@ class RedisBackend(BaseBackend):
             "seq": q,
             "store_code": self.store,
         }
+
+    def live_rows(self, key_hashes: list[str]) -> dict[str, dict[str, Any]]:
+        """Live ``DebounceKey`` field values of keys held in Redis, in one pipeline (for the
+        admin and the status command: the row is only written on flight transitions).
+        Keys Redis does not hold are left out."""
+        if not key_hashes:
+            return {}
+        fields = ("p", "f", "ft", "lt", "d", "ru", "T", "R", "M", "C", "lr", "lo")
+        pipe = self.client.pipeline(transaction=False)
+        for h in key_hashes:
+            pipe.hmget(redis_key(h), *fields)
+        out = {}
+        for h, values in zip(key_hashes, pipe.execute(), strict=True):
+            if values[1] is None:
+                continue
+            p, f, ft, lt, d, ru, t, r, m, c, lr = (int(v or 0) for v in values[:-1])
+            out[h] = {
+                "state": "running" if ru else "pending" if p else "idle",
+                "pending": p,
+                "flight_id": f,
+                "first_trigger_at": _dt(ft),
+                "last_trigger_at": _dt(lt),
+                "due_at": _dt(d),
+                "running_until": _dt(ru),
+                "triggers": t,
+                "runs": r,
+                "merged": m,
+                "cancelled": c,
+                "last_run_at": _dt(lr),
+                "last_outcome": _s(values[-1] or ""),
+            }
+        return out
 
     def pending_counts(self, key_hashes):
         if not key_hashes:

@@ -38,7 +38,7 @@ class Migration(migrations.Migration):
                 ('run_payload', models.JSONField(blank=True, help_text='Payload claimed by the live run, kept to redo it if it is lost.', null=True, verbose_name='payload of live run')),
                 ('run_first_trigger_at', models.DateTimeField(blank=True, help_text='First trigger claimed by the live run.', null=True, verbose_name='first trigger of live run')),
                 ('triggers', models.PositiveBigIntegerField(default=0, help_text='Triggers counted, in total.', verbose_name='triggers')),
-                ('runs', models.PositiveBigIntegerField(default=0, help_text='Runs claimed, in total.', verbose_name='runs')),
+                ('runs', models.PositiveBigIntegerField(default=0, help_text='Runs that covered their triggers, in total (attempts that failed and were retried, or were lost, are not counted; the run history lists every attempt).', verbose_name='runs')),
                 ('merged', models.PositiveBigIntegerField(default=0, help_text='Triggers absorbed without a run of their own, in total.', verbose_name='merged')),
                 ('cancelled', models.PositiveBigIntegerField(default=0, help_text='Pending triggers dropped by cancel, in total.', verbose_name='cancelled')),
                 ('last_run_at', models.DateTimeField(blank=True, help_text='When the last run started.', null=True, verbose_name='last run')),

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
 from django.db.models import Avg, Count
 from django.db.models.signals import post_delete, post_save
 from django.dispatch import receiver
@@ -20,7 +21,11 @@ from example_project.catalogue.models import Category, CategoryStats, Product, S
 
 
 @debounced_receiver(
-    post_save, sender=Product, wait=2, max_wait=30, name="catalogue.rebuild_search_document"
+    post_save,
+    sender=Product,
+    wait=settings.CATALOGUE_SEARCH_WAIT,  # 2 s unless the environment says otherwise
+    max_wait=max(30, settings.CATALOGUE_SEARCH_WAIT),
+    name="catalogue.rebuild_search_document",
 )
 def rebuild_search_document(
     sender: Any, instance: Product | None, pk: Any, debounce: RunInfo, **kwargs: Any
@@ -36,8 +41,8 @@ def rebuild_search_document(
 
 
 @debounced_task(
-    wait=5,
-    max_wait=60,
+    wait=settings.CATALOGUE_STATS_WAIT,  # 5 s unless the environment says otherwise
+    max_wait=max(60, settings.CATALOGUE_STATS_WAIT),
     key=lambda category_id: f"category:{category_id}",
     name="catalogue.recompute_category_stats",
 )

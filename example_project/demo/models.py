@@ -40,7 +40,8 @@ class DemoRun(models.Model):
     version_seen = models.IntegerField(null=True, help_text="version of the row re-read by the job")
     triggers = models.IntegerField(null=True, help_text="debounce.triggers (saves this run covers)")
     started = models.FloatField(help_text="time.time() when the body started")
-    finished = models.FloatField(help_text="time.time() when the body ended")
+    finished = models.FloatField(help_text="time.time() when the body ended (0 while it runs)")
+    items = models.JSONField(null=True, help_text="the collected items of a batch run")
     pid = models.IntegerField()
 
     class Meta:
@@ -48,3 +49,11 @@ class DemoRun(models.Model):
 
     def __str__(self) -> str:
         return f"{self.scenario} run at {self.started:.3f}"
+
+
+class ModeDoc(DemoDoc):
+    """``manage.py demo --modes``: a row whose saves trigger the debounced task of its mode;
+    the job sleeps ``job_ms``."""
+
+    mode = models.CharField(max_length=32, db_index=True)
+    job_ms = models.PositiveIntegerField(default=30)

@@ -90,3 +90,6 @@ def stream_job(
     sender: Any, instance: StreamDoc | None, pk: Any, debounce: RunInfo, **kwargs: Any
 ) -> None:
     _job("stream", pk, instance.version if instance else None, debounce)
+
+
+from example_project.demo import modes  # noqa: E402, F401  (the tasks of `demo --modes`)

@@ -7,4 +7,4 @@ class TestAppConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from tests.testapp import tasks  # noqa: F401  (connects the debounced receivers)
+        from tests.testapp import observed, tasks  # noqa: F401  (connects the receivers)

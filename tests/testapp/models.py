@@ -30,3 +30,9 @@ class Doc(models.Model):
     """Saved by the on-commit tests; its receiver coalesces (wait 0): a worker is ready at once."""
 
     value = models.IntegerField(default=0)
+
+
+class Batchy(models.Model):
+    """Saved by the collect tests; its receiver collects rows (collect=True)."""
+
+    value = models.IntegerField(default=0)

@@ -6,7 +6,7 @@ import time
 from django.db.models.signals import post_save
 
 from django_debounce import RunInfo, debounced_receiver, debounced_task
-from tests.testapp.models import Doc, Item, OtherItem, RunLog
+from tests.testapp.models import Batchy, Doc, Item, OtherItem, RunLog
 
 
 def _log(task: str, tag: str, debounce: RunInfo | None, **fields) -> RunLog:
@@ -36,7 +36,7 @@ def record(tag: str, sleep: float = 0.0, note: str = "", *, debounce: RunInfo) -
     _body("testapp.record", tag, sleep, debounce, payload={"note": note})
 
 
-@debounced_task(wait=5, name="testapp.record_slow")
+@debounced_task(wait=60, name="testapp.record_slow")
 def record_slow(tag: str, *, debounce: RunInfo) -> None:
     _body("testapp.record_slow", tag, 0, debounce)
 
@@ -114,3 +114,103 @@ def failover(tag: str, *, debounce: RunInfo) -> None:
 )
 def crashy(tag: str, sleep: float = 0.0, *, debounce: RunInfo) -> None:
     _body("testapp.crashy", tag, sleep, debounce)
+
+
+# -- edges (lodash): a run on the leading edge, then a trailing one only if more came -----
+
+
+@debounced_task(wait=1.0, leading=True, name="testapp.lead")
+def lead(tag: str, *, debounce: RunInfo) -> None:
+    _body("testapp.lead", tag, 0, debounce)
+
+
+@debounced_task(wait=1.0, leading=True, trailing=False, name="testapp.lead_only")
+def lead_only(tag: str, *, debounce: RunInfo) -> None:
+    _body("testapp.lead_only", tag, 0, debounce)
+
+
+@debounced_task(wait=0.5, max_wait=0.5, leading=True, name="testapp.throttled")
+def throttled(tag: str, *, debounce: RunInfo) -> None:
+    _body("testapp.throttled", tag, 0, debounce)
+
+
+# -- collect: one run per flight with the distinct items ---------------------------------
+
+
+@debounced_task(
+    wait=0.3, collect=True, collect_limit=5, name="testapp.batch", key=lambda item: item["tag"]
+)
+def batch(items: list, *, debounce: RunInfo) -> None:
+    tag = items[0]["tag"] if items else ""
+    _body("testapp.batch", tag, 0, debounce, payload=[i["n"] for i in items])
+
+
+@debounced_receiver(post_save, sender=Batchy, wait=0.3, collect=True, name="testapp.batchy_saved")
+def batchy_saved(sender, pks, instances, debounce, **kwargs):
+    _log(
+        "testapp.batchy_saved",
+        sender._meta.label_lower,
+        debounce,
+        payload={"pks": pks, "seen": [[i.pk, i.value] for i in instances]},
+    )
+
+
+# -- failures and retries -----------------------------------------------------------------
+
+
+@debounced_task(wait=0.2, name="testapp.flaky", default_retry_delay=1.0, max_retries=2, lease=20)
+def flaky(tag: str, fail_times: int = 1, sleep: float = 0.0, *, debounce: RunInfo) -> None:
+    log = _log("testapp.flaky", tag, debounce, payload={"attempt": debounce.attempt})
+    if sleep:
+        time.sleep(sleep)
+    log.finished = time.time()
+    log.save(update_fields=["finished"])
+    if debounce.attempt < fail_times:
+        raise RuntimeError(f"flaky failure {debounce.attempt}")
+
+
+@debounced_task(wait=0.2, name="testapp.asks_retry", max_retries=3)
+def asks_retry(tag: str, *, debounce: RunInfo) -> None:
+    log = _log("testapp.asks_retry", tag, debounce, payload={"attempt": debounce.attempt})
+    log.finished = time.time()
+    log.save(update_fields=["finished"])
+    if debounce.attempt == 0:
+        asks_retry.retry(countdown=0.3, exc=ValueError("not yet"))
+
+
+# -- broker and recovery ------------------------------------------------------------------
+
+
+@debounced_task(wait=3.0, name="testapp.eta")
+def eta(tag: str, *, debounce: RunInfo) -> None:
+    _body("testapp.eta", tag, 0, debounce)
+
+
+@debounced_task(wait=0.1, name="testapp.orphan")
+def orphan(tag: str, *, debounce: RunInfo) -> None:
+    _body("testapp.orphan", tag, 0, debounce)
+
+
+@debounced_task(wait=1, name="testapp.limited", time_limit=7)
+def limited(tag: str) -> None:
+    pass
+
+
+@debounced_task(
+    wait=0.1,
+    name="testapp.auto_retry",
+    autoretry_for=(KeyError,),
+    retry_backoff=2,
+    retry_jitter=False,
+    max_retries=1,
+)
+def auto_retry(tag: str, *, debounce: RunInfo) -> None:
+    _log("testapp.auto_retry", tag, debounce, payload={"attempt": debounce.attempt})
+    if tag.startswith("value"):
+        raise ValueError(tag)  # not in autoretry_for: fails at once, as in Celery
+    raise KeyError(tag)
+
+
+@debounced_task(wait=0.1, name="testapp.long_runner", lease=1.5)
+def long_runner(tag: str, *, debounce: RunInfo) -> None:
+    _body("testapp.long_runner", tag, 4.0, debounce)

@@ -102,7 +102,9 @@ end
 local function recover_lease(h, s, now)
   if s.ru == 0 or s.ru > now then return 0 end
   local lost = s.r
+  local attempt = s.rr
   unclaim(h, s, now)
+  s.ra = math.max(s.ra, attempt + 1)  -- a lost run counts as an attempt
   redis.call('HSET', h, 'lo', 'lost')
   return lost
 end

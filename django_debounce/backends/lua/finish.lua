@@ -8,13 +8,19 @@ local grace, ttl = tonumber(ARGV[4]), tonumber(ARGV[5])
 local s = load_state(h)
 local lost = recover_lease(h, s, now)
 if s.r ~= tonumber(ARGV[2]) or s.ru == 0 then
-  -- a late finisher after its lease ran out changes nothing
+  -- a late finisher after its lease ran out changes nothing; the flight its lost run went
+  -- back to (recovered just now) gets its message
   local snap = {}
+  local seq, cd = 0, 0
   if lost > 0 then
+    if s.p > 0 and s.ru == 0 and s.sc == 0 then
+      cd = schedule(s, math.max(s.d, now), now)
+      seq = s.q
+    end
     save(h, s, now, ttl, grace)
     snap = snapshot(h)
   end
-  return {0, '0', '0', fmt(now), snap, lost}
+  return {0, fmt(seq), fmt(cd), fmt(now), snap, lost}
 end
 local outcome = 'failure'
 local retry = tonumber(ARGV[6])

@@ -3,23 +3,34 @@ leases and lost dispatch messages, and print what was (or would be) done."""
 
 from __future__ import annotations
 
+import difflib
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import DEFAULT_DB_ALIAS
+from django.db import DEFAULT_DB_ALIAS, connections
 from django.utils import timezone
 
-from django_debounce import durations
+from django_debounce import conf, durations
 from django_debounce.exceptions import UnknownTask
 from django_debounce.models import DebounceKey, DebounceRun
 from django_debounce.recovery import recover
 from django_debounce.tasks import get_debounced_task
 
 
+def registered_names() -> set[str]:
+    """Celery names of the debounced tasks registered in this process."""
+    from celery import current_app
+
+    from django_debounce.tasks import DebouncedTask
+
+    return {name for name, task in current_app.tasks.items() if isinstance(task, DebouncedTask)}
+
+
 class Command(BaseCommand):
     help = (
         "Delete idle debounce keys and run history older than --older-than, in batches; "
-        "redo runs whose lease ran out and re-dispatch flights whose message was lost."
+        "redo runs whose lease ran out and re-dispatch flights whose message was lost "
+        "(recovery covers every task; --task limits what is deleted)."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -32,7 +43,9 @@ class Command(BaseCommand):
         parser.add_argument(
             "--dry-run", action="store_true", help="print what would be done; change nothing"
         )
-        parser.add_argument("--task", metavar="NAME", help="only keys and runs of this task")
+        parser.add_argument(
+            "--task", metavar="NAME", help="delete only keys and runs of this task (Celery name)"
+        )
         parser.add_argument(
             "--batch-size",
             type=int,
@@ -55,6 +68,11 @@ class Command(BaseCommand):
         if options["batch_size"] < 1:
             raise CommandError("--batch-size must be a positive integer, e.g. --batch-size 1000.")
         alias = options["database"]
+        if alias and alias not in connections:
+            raise CommandError(
+                f"--database {alias!r} is not a database alias of this project; use one of: "
+                f"{', '.join(connections)}."
+            )
         keys = DebounceKey.objects.using(alias) if alias else DebounceKey.objects.all()
         runs = DebounceRun.objects.using(alias) if alias else DebounceRun.objects.all()
         task = options["task"]
@@ -64,22 +82,38 @@ class Command(BaseCommand):
                 get_debounced_task(task)
             except UnknownTask:
                 if task not in known:
-                    names = ", ".join(sorted(known)[:20]) or "none recorded yet"
+                    candidates = sorted(known | registered_names())
+                    close = difflib.get_close_matches(task, candidates, n=3)
+                    hint = f" Did you mean {' or '.join(map(repr, close))}?" if close else ""
+                    names = ", ".join(candidates[:20]) + (", ..." if len(candidates) > 20 else "")
                     raise CommandError(
                         f"--task {task!r} is neither a registered debounced task nor recorded "
-                        f"in the database. Give the task's Celery name, one of: {names}."
+                        f"in the database.{hint} Give the task's Celery name, one of: "
+                        f"{names or 'none yet'}."
                     ) from None
             keys, runs = keys.filter(task_name=task), runs.filter(task_name=task)
-        cutoff = timezone.now() - age
+        now = timezone.now()
+        cutoff = now - age
         dry = options["dry_run"]
-        recovered = 0 if dry else recover(task)
+        # Recovery covers every key, whatever --task says: the stores recover all at once.
+        everything = DebounceKey.objects.using(alias) if alias else DebounceKey.objects.all()
+        lost = everything.lease_expired(now).count()
+        if dry:
+            grace = float(conf.get("DISPATCH_GRACE"))
+            overdue = everything.dispatch_overdue(now, grace).count()
+            recovery = (
+                f"would redo {lost} runs whose lease ran out and re-dispatch about {overdue} "
+                "flights whose message is missing or overdue"
+            )
+        else:
+            recovery = f"redid {lost} runs whose lease ran out; re-dispatched {recover()} flights"
         batch = options["batch_size"]
         n_runs = runs.delete_expired(cutoff, batch_size=batch, dry_run=dry)
         n_keys = keys.delete_stale(cutoff, batch_size=batch, dry_run=dry)
         verb = "would delete" if dry else "deleted"
         self.stdout.write(
             f"{verb} {n_keys} idle keys and {n_runs} runs older than {cutoff:%Y-%m-%d %H:%M:%S}"
-            f" UTC; re-dispatched {recovered} flights"
+            f" UTC; {recovery}"
             + (" (dry run: nothing recovered or deleted)" if dry else "")
             + f" [database {alias or DEFAULT_DB_ALIAS}]"
         )

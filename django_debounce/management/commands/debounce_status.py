@@ -5,30 +5,34 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
-from django_debounce.backends import get_backend
+from django_debounce import display, live
 from django_debounce.models import DebounceKey
 
 
 class Command(BaseCommand):
-    help = "Show pending and running debounce keys, with live pending counts."
+    help = (
+        "Show pending and running debounce keys, with live counts (read from Redis for the "
+        "keys the Redis store holds)."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--json", action="store_true", help="print JSON lines")
-        parser.add_argument("--task", metavar="NAME", help="only keys of this task")
-        parser.add_argument("--limit", type=int, default=100, help="at most this many keys")
+        parser.add_argument("--json", action="store_true", help="print one JSON object per key")
+        parser.add_argument("--task", metavar="NAME", help="only keys of this task (Celery name)")
+        parser.add_argument(
+            "--limit", type=int, default=100, metavar="N", help="at most N keys (default 100)"
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        if options["limit"] < 1:
+            raise CommandError("--limit must be a positive integer, e.g. --limit 100.")
         qs = DebounceKey.objects.active().order_by("due_at", "pk")
         if options["task"]:
             qs = qs.filter(task_name=options["task"])
         rows = list(qs[: options["limit"]])
-        try:
-            live = get_backend().pending_counts([r.key_hash for r in rows])
-        except Exception:  # Redis down: show the durable record
-            live = {}
+        live.refresh(rows)
         now = timezone.now()
         records = []
         for r in rows:
@@ -38,9 +42,10 @@ class Command(BaseCommand):
                     "task": r.task_name,
                     "key": r.key,
                     "state": r.state,
-                    "pending": live.get(r.key_hash, r.pending),
+                    "pending": r.pending,
                     "flight_id": r.flight_id,
                     "due_in_s": round(due, 3) if due is not None else None,
+                    "fires": display.fire_time(r, now),
                     "lease_until": r.running_until.isoformat() if r.running_until else None,
                     "store": r.store,
                     "triggers": r.triggers,
@@ -55,14 +60,15 @@ class Command(BaseCommand):
         if not records:
             self.stdout.write("no pending or running keys")
             return
-        header = ("task", "key", "state", "pending", "due in", "runs", "merged")
+        header = ("task", "key", "state", "pending", "fires", "triggers", "runs", "merged")
         table = [header] + [
             (
                 rec["task"],
                 rec["key"][:60],
                 rec["state"],
                 str(rec["pending"]),
-                "-" if rec["due_in_s"] is None else f"{rec['due_in_s']:.1f}s",
+                rec["fires"] or "-",
+                str(rec["triggers"]),
                 str(rec["runs"]),
                 str(rec["merged"]),
             )

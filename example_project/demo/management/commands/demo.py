@@ -363,6 +363,12 @@ class Command(BaseCommand):
             "--only", default="abcd", help="scenarios to run, by letter (default: abcd)"
         )
         parser.add_argument(
+            "--modes",
+            action="store_true",
+            help="instead of the scenarios, probe every mode of the README's table (leading, "
+            "throttle, collect, ...) with a burst, a stream and a save during a run",
+        )
+        parser.add_argument(
             "--worker-log",
             default=None,
             help="worker log file (default: example_project/var/demo-worker.log)",
@@ -391,6 +397,9 @@ class Command(BaseCommand):
             self.stdout.write("Starting a Celery worker ...")
             worker.start()
             self.stdout.write(f"Worker ready in {worker.started_in:.1f} s (log: {log}).")
+            if options["modes"]:
+                self._modes(options["settle_timeout"], worker)
+                return
             for scenario in chosen:
                 self.stdout.write(
                     f"Running {scenario.letter}. {scenario.title}: {scenario.saves} "
@@ -427,6 +436,20 @@ class Command(BaseCommand):
                 + ", ".join(f"{r.scenario.letter}. {r.scenario.title}" for r in failed)
             )
         self.stdout.write(self.style.SUCCESS(f"All {len(results)} scenarios passed."))
+
+    def _modes(self, settle_timeout: float, worker: Worker) -> None:
+        from example_project.demo import modes_demo
+
+        try:
+            probes = modes_demo.run_all(settle_timeout, self.stdout.write)
+        except TimeoutError as exc:
+            raise CommandError(f"{exc}. Last lines of {worker.log}:\n{worker.tail()}") from None
+        self.stdout.write("")
+        self.stdout.write(modes_demo.table(probes))
+        failed = [p for p in probes if p.problems]
+        if failed:
+            raise CommandError(f"{len(failed)} of {len(probes)} probes failed.")
+        self.stdout.write(self.style.SUCCESS(f"All {len(probes)} probes passed."))
 
     # -- steps ----------------------------------------------------------------------------
 

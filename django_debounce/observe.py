@@ -1,0 +1,200 @@
+"""What the flow reports as it goes: Django signals (``signals.py``), log lines under the
+``django_debounce`` logger, and Prometheus metrics when ``prometheus-client`` is installed.
+
+The flow calls these functions at four points (a trigger counted, a run started, a run
+finished, a trigger that fell back from Redis to the database); none of them can raise into
+the flow: receivers are called with ``send_robust`` and their errors are logged.
+
+Log levels: DEBUG per trigger, INFO per run started and finished (a retried failure too: the
+flow logs the retry as a WARNING), ERROR for a failed run after its last retry (Celery logs the
+traceback) and for a receiver that raised.
+
+Metrics (all labelled by ``task``; per process, so set ``PROMETHEUS_MULTIPROC_DIR`` for
+Celery's prefork pool as prometheus-client documents):
+
+- ``django_debounce_triggers_total``: triggers counted;
+- ``django_debounce_runs_total``: runs started;
+- ``django_debounce_merged_triggers_total``: triggers absorbed without a run of their own;
+- ``django_debounce_fallbacks_total``: triggers that went to the database because Redis failed;
+- ``django_debounce_run_failures_total``: runs whose body raised (retried or not);
+- ``django_debounce_trigger_to_start_delay_seconds``: histogram of the seconds from the last
+  claimed trigger to the start of its run.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from django_debounce import signals
+from django_debounce.state import Claim, TriggerResult
+
+logger = logging.getLogger("django_debounce")
+
+SUCCESS = "success"
+FAILURE = "failure"  # after the last retry
+RETRY = "retry"  # failed; the claimed triggers went back to pending for a retry
+
+DELAY_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
+
+
+class Metrics:
+    """The Prometheus metrics of django-debounce, registered once in prometheus-client's
+    default registry."""
+
+    def __init__(self, prometheus: Any) -> None:
+        counter, histogram = prometheus.Counter, prometheus.Histogram
+        self.triggers = counter("django_debounce_triggers", "Triggers counted.", ["task"])
+        self.runs = counter("django_debounce_runs", "Runs started.", ["task"])
+        self.merged = counter(
+            "django_debounce_merged_triggers",
+            "Triggers absorbed by a run without a run of their own.",
+            ["task"],
+        )
+        self.fallbacks = counter(
+            "django_debounce_fallbacks",
+            "Triggers that went to the database store because Redis failed.",
+            ["task"],
+        )
+        self.failures = counter("django_debounce_run_failures", "Runs whose body raised.", ["task"])
+        self.delay = histogram(
+            "django_debounce_trigger_to_start_delay_seconds",
+            "Seconds from the last claimed trigger to the start of its run.",
+            ["task"],
+            buckets=DELAY_BUCKETS,
+        )
+
+
+def _load_metrics() -> Metrics | None:
+    try:
+        import prometheus_client
+    except ImportError:
+        return None
+    return Metrics(prometheus_client)
+
+
+metrics: Metrics | None = _load_metrics()
+
+
+def _send(signal: Any, name: str, sender: Any, **kwargs: Any) -> None:
+    """``send_robust``: a receiver that raises is logged and never stops the flow (Django
+    logs its traceback under ``django.dispatch``)."""
+    if not signal.receivers:
+        return
+    for receiver, response in signal.send_robust(sender, **kwargs):
+        if isinstance(response, Exception):
+            logger.error(
+                "django_debounce: a receiver of %s (%s) raised %s: %s",
+                name,
+                getattr(receiver, "__qualname__", repr(receiver)),
+                type(response).__name__,
+                response,
+            )
+
+
+def triggered(task: Any, result: TriggerResult) -> None:
+    """A trigger of ``task`` was counted (not for a trigger still deferred to ``on_commit``)."""
+    name = task.name
+    logger.debug(
+        "django_debounce: trigger %s key=%r flight=%s pending=%s %s",
+        name,
+        result.key,
+        result.flight_id,
+        result.pending,
+        "scheduled" if result.scheduled else "merged",
+    )
+    if metrics is not None:
+        metrics.triggers.labels(name).inc()
+    _send(
+        signals.trigger_received,
+        "trigger_received",
+        task,
+        task_name=name,
+        key=result.key,
+        flight_id=result.flight_id,
+        pending=result.pending,
+        due_at=result.due_at,
+        scheduled=result.scheduled,
+    )
+
+
+def _run_facts(task: Any, claim: Claim) -> dict[str, Any]:
+    delay = (
+        max((claim.started_at - claim.last_trigger_at).total_seconds(), 0.0)
+        if claim.started_at and claim.last_trigger_at
+        else 0.0
+    )
+    return {
+        "task_name": task.name,
+        "key": claim.key,
+        "flight_id": claim.flight_id,
+        "run_id": claim.run_id,
+        "triggers": claim.triggers,
+        "merged": max(claim.triggers - 1, 0),
+        "delay": delay,
+        "started_at": claim.started_at,
+        "attempt": getattr(claim, "attempt", 0),
+    }
+
+
+def run_started(task: Any, claim: Claim) -> float:
+    """A flight of ``task`` was claimed and its body is about to run.
+
+    Returns a start mark (``time.monotonic()``) to hand to ``run_finished``.
+    """
+    facts = _run_facts(task, claim)
+    logger.info(
+        "django_debounce: run %s of %s key=%r started: %d trigger(s), %d merged, %.3f s after "
+        "the last trigger",
+        claim.run_id,
+        facts["task_name"],
+        claim.key,
+        claim.triggers,
+        facts["merged"],
+        facts["delay"],
+    )
+    if metrics is not None:
+        label = facts["task_name"]
+        metrics.runs.labels(label).inc()
+        metrics.merged.labels(label).inc(facts["merged"])
+        metrics.delay.labels(label).observe(facts["delay"])
+    _send(signals.run_started, "run_started", task, **facts)
+    return time.monotonic()
+
+
+def run_finished(task: Any, claim: Claim, started: float, outcome: str, error: str = "") -> None:
+    """The body of a claimed run ended with ``outcome`` (``SUCCESS``, ``RETRY``: failed and
+    retried later, ``FAILURE``: failed after the last retry) and the run was recorded.
+    ``started`` is the mark ``run_started`` returned; ``error`` the text of the exception."""
+    facts = _run_facts(task, claim)
+    duration = max(time.monotonic() - started, 0.0)
+    level = logging.ERROR if outcome == FAILURE else logging.INFO
+    logger.log(
+        level,
+        "django_debounce: run %s of %s key=%r %s after %.3f s%s",
+        claim.run_id,
+        facts["task_name"],
+        claim.key,
+        outcome,
+        duration,
+        f": {error}" if error else "",
+    )
+    if metrics is not None and outcome != SUCCESS:
+        metrics.failures.labels(facts["task_name"]).inc()
+    _send(
+        signals.run_finished,
+        "run_finished",
+        task,
+        outcome=outcome,
+        error=error,
+        duration=duration,
+        **facts,
+    )
+
+
+def fallback(task_name: str) -> None:
+    """A trigger of ``task_name`` went to the database store because Redis failed (the auto
+    store logs the outage itself, once)."""
+    if metrics is not None:
+        metrics.fallbacks.labels(task_name).inc()

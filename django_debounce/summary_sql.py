@@ -1,0 +1,263 @@
+"""The SQL behind the admin summary (``summary.py``): percentiles and time-bucket counts of
+the run history, computed in the database, never by loading the runs into Python.
+
+Percentiles of the trigger-to-start delay, per task, interpolated as PostgreSQL's
+``percentile_cont`` does (linear, between the two nearest values):
+
+- PostgreSQL: the ``percentile_cont`` ordered-set aggregate (``PercentileCont``), in the same
+  ``GROUP BY`` as the counts;
+- SQLite: for each task and percentile, ``ORDER BY delay LIMIT 2 OFFSET k`` walking the
+  SQLite-only index ``debounce_run_task_delay`` (task, delay, ...) from whichever end is
+  nearer, so no sort and at most half a task's index entries per median (``offset_percentiles``);
+  all of them in one statement;
+- other databases (MySQL 8, ...): one window query that numbers each task's delays in order
+  and returns only the rows around each percentile (``window_percentiles``).
+
+Time buckets: ``GROUP BY task, bucket`` with the bucket computed in SQL (``Bucket``) on
+PostgreSQL and MySQL; on SQLite, whose ``GROUP BY`` sorts every row, one count per bucket over
+the covering indexes (``sqlite_bucket_counts``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from django.db import OperationalError, connections
+from django.db.models import Aggregate, F, FloatField, Func, IntegerField, QuerySet, Window
+from django.db.models.functions import RowNumber
+
+from django_debounce.models import DebounceRun
+
+# Created on SQLite only, by migration 0003 (the other databases never use it).
+SQLITE_DELAY_INDEX = "debounce_run_task_delay"
+# SQLite allows at most 500 terms in one compound SELECT.
+SQLITE_MAX_TERMS = 500
+PARAMS_PER_TERM = 8
+# Runs whose triggers a later run covers again (as summary.REDONE).
+REDONE = (DebounceRun.Outcome.LOST, DebounceRun.Outcome.RETRY)
+
+
+class PercentileCont(Aggregate):
+    """PostgreSQL's ordered-set aggregate ``percentile_cont(fraction) WITHIN GROUP (ORDER BY x)``
+    (continuous percentile, linear interpolation between the two nearest values)."""
+
+    function = "PERCENTILE_CONT"
+    name = "PercentileCont"
+    template = "%(function)s(%(fraction)s) WITHIN GROUP (ORDER BY %(expressions)s)"
+    output_field = FloatField()
+
+    def __init__(self, expression: Any, fraction: float) -> None:
+        if not 0 <= fraction <= 1:
+            raise ValueError(f"fraction must be between 0 and 1, got {fraction!r}")
+        # No filter=: the template has no place for it (use a CASE; NULLs are skipped).
+        super().__init__(expression, fraction=repr(float(fraction)))
+
+
+class Bucket(Func):
+    """Index of the fixed-width time bucket a datetime falls in:
+    ``floor((epoch seconds - origin) / width)``, in SQL (PostgreSQL, SQLite, MySQL)."""
+
+    output_field = IntegerField()
+
+    def __init__(self, expression: Any, origin: int, width: int) -> None:
+        super().__init__(expression)
+        self.origin, self.width = int(origin), int(width)
+
+    def _compile(self, compiler: Any, connection: Any, epoch: str) -> tuple[str, list[Any]]:
+        sql, params = compiler.compile(self.source_expressions[0])
+        return epoch.format(sql), [*params, self.origin, self.width]
+
+    def as_sql(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, list[Any]]:
+        raise NotImplementedError(f"time buckets are not implemented for {connection.vendor}")
+
+    def as_postgresql(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, Any]:
+        # date_part is double precision; EXTRACT is numeric since PostgreSQL 14, and slower.
+        return self._compile(
+            compiler, connection, "FLOOR((date_part('epoch', {}) - %s) / %s)::bigint"
+        )
+
+    def as_sqlite(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, Any]:
+        # Integer division of non-negative integers is floor division in SQLite.
+        return self._compile(
+            compiler, connection, "((CAST(strftime('%%s', {}) AS INTEGER) - %s) / %s)"
+        )
+
+    def as_mysql(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, Any]:
+        return self._compile(compiler, connection, "FLOOR((UNIX_TIMESTAMP({}) - %s) / %s)")
+
+
+def percentile_positions(n: int, fraction: float) -> tuple[int, int, float]:
+    """1-based row numbers of the two values around the ``fraction`` percentile of ``n``
+    sorted values, and the interpolation weight of the upper one (as ``percentile_cont``)."""
+    index = (n - 1) * fraction
+    low = math.floor(index)
+    return low + 1, min(low + 2, n), index - low
+
+
+def _interpolate(values: Sequence[float], weight: float) -> float:
+    low, high = min(values), max(values)
+    return low + (high - low) * weight
+
+
+def window_percentiles(
+    runs: QuerySet, alias: str, counts: dict[str, int], fractions: Sequence[float]
+) -> dict[str, dict[float, float]]:
+    """Percentiles of ``delay`` per task with a window function, reading only the rows
+    around each percentile. ``counts`` is the number of runs of each wanted task in ``runs``.
+    Returns ``{task: {fraction: seconds}}``."""
+    wanted = {name: n for name, n in counts.items() if n}
+    if not wanted:
+        return {}
+    inner = (
+        runs.filter(task_name__in=list(wanted))
+        .annotate(
+            rn=Window(RowNumber(), partition_by=[F("task_name")], order_by=[F("delay").asc()])
+        )
+        .values("task_name", "delay", "rn")
+    )
+    sql, params = inner.query.get_compiler(using=alias).as_sql()
+    connection = connections[alias]
+    qn = connection.ops.quote_name
+    where, where_params = [], []
+    positions: list[tuple[str, float, int, int, float]] = []
+    for name, n in wanted.items():
+        rows: set[int] = set()
+        for fraction in fractions:
+            low, high, weight = percentile_positions(n, fraction)
+            positions.append((name, fraction, low, high, weight))
+            rows.update((low, high))
+        marks = ", ".join(["%s"] * len(rows))
+        where.append(f"({qn('task_name')} = %s AND {qn('rn')} IN ({marks}))")
+        where_params += [name, *sorted(rows)]
+    query = (
+        f"SELECT {qn('task_name')}, {qn('rn')}, {qn('delay')} FROM ({sql}) w "
+        f"WHERE {' OR '.join(where)}"
+    )
+    values: dict[tuple[str, int], float] = {}
+    with connection.cursor() as cursor:
+        cursor.execute(query, [*params, *where_params])
+        for name, rn, delay in cursor.fetchall():
+            values[(name, int(rn))] = float(delay)
+    out: dict[str, dict[float, float]] = {}
+    for name, fraction, low, high, weight in positions:
+        if (name, low) in values and (name, high) in values:  # else deleted meanwhile
+            pair = (values[(name, low)], values[(name, high)])
+            out.setdefault(name, {})[fraction] = _interpolate(pair, weight)
+    return out
+
+
+def offset_percentiles(
+    alias: str,
+    since: datetime,
+    until: datetime,
+    counts: dict[str, int],
+    fractions: Sequence[float],
+) -> dict[str, dict[float, float]]:
+    """Percentiles of ``delay`` per task, each read with ``ORDER BY delay LIMIT 2 OFFSET k``
+    from the nearer end (on SQLite through the index ``(task, delay, started_at, outcome)``,
+    so nothing is sorted); every percentile of every task in one statement.
+    ``counts`` is the number of runs (lost and retried ones excluded) of each wanted task in
+    the period.
+    Returns ``{task: {fraction: seconds}}``."""
+    connection = connections[alias]
+    qn = connection.ops.quote_name
+    table = qn(DebounceRun._meta.db_table)
+    hint = f" INDEXED BY {qn(SQLITE_DELAY_INDEX)}" if connection.vendor == "sqlite" else ""
+    bounds = [connection.ops.adapt_datetimefield_value(t) for t in (since, until)]
+    terms: list[str] = []
+    params: list[Any] = []
+    wanted: list[tuple[str, float, float]] = []
+    for name, n in counts.items():
+        if not n:
+            continue
+        for fraction in fractions:
+            low, high, weight = percentile_positions(n, fraction)
+            ascending = low - 1 <= n - high
+            offset = low - 1 if ascending else n - high
+            terms.append(
+                f"SELECT %s AS {qn('term')}, {qn('delay')} FROM (SELECT {qn('delay')} "
+                f"FROM {table}{hint} WHERE {qn('task_name')} = %s AND {qn('started_at')} >= %s "
+                f"AND {qn('started_at')} < %s AND {qn('outcome')} NOT IN (%s, %s) "
+                f"ORDER BY {qn('delay')} {'ASC' if ascending else 'DESC'} LIMIT %s OFFSET %s) "
+                f"{qn('t' + str(len(terms)))}"
+            )
+            params += [len(wanted), name, *bounds, *REDONE, high - low + 1, offset]
+            wanted.append((name, fraction, weight))
+    found: dict[int, list[float]] = {}
+    for start in range(0, len(terms), SQLITE_MAX_TERMS):
+        chunk = terms[start : start + SQLITE_MAX_TERMS]
+        chunk_params = params[start * PARAMS_PER_TERM : (start + len(chunk)) * PARAMS_PER_TERM]
+        sql = " UNION ALL ".join(chunk)
+        with connection.cursor() as cursor:
+            try:
+                cursor.execute(sql, chunk_params)
+            except OperationalError:
+                if not hint:
+                    raise
+                # The index is gone (a later migration rebuilt the table): same answer, slower.
+                cursor.execute(sql.replace(hint, ""), chunk_params)
+            for term, delay in cursor.fetchall():
+                found.setdefault(int(term), []).append(float(delay))
+    out: dict[str, dict[float, float]] = {}
+    for term, (name, fraction, weight) in enumerate(wanted):
+        if term in found:  # else deleted meanwhile
+            out.setdefault(name, {})[fraction] = _interpolate(found[term], weight)
+    return out
+
+
+def sqlite_bucket_counts(
+    alias: str, starts: Sequence[datetime], width: Any, tasks: Sequence[str]
+) -> tuple[list[tuple[int, int]], dict[str, list[tuple[int, int]]]]:
+    """Runs and triggers (lost and retried runs excluded) per bucket: in all, and per task of
+    ``tasks``.
+
+    One correlated count per bucket (and per task and bucket), each a range of a covering
+    index: no sort of the runs, which SQLite's ``GROUP BY`` would need. Two statements.
+    Returns ``([(runs, triggers) per bucket], {task: [(runs, triggers) per bucket]})``.
+    """
+    connection = connections[alias]
+    qn = connection.ops.quote_name
+    table = qn(DebounceRun._meta.db_table)
+    adapt = connection.ops.adapt_datetimefield_value
+    ranges = [(adapt(start), adapt(start + width)) for start in starts]
+    in_range = (
+        f"{qn('started_at')} >= b.lo AND {qn('started_at')} < b.hi "
+        f"AND {qn('outcome')} NOT IN (%s, %s)"
+    )
+
+    def run(sql: str, rows: list[list[Any]], columns: str) -> list[tuple[Any, ...]]:
+        if not rows:
+            return []
+        values = ", ".join(["(" + ", ".join(["%s"] * len(rows[0])) + ")"] * len(rows))
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"WITH b({columns}) AS (VALUES {values}) {sql}",
+                [v for row in rows for v in row] + [*REDONE, *REDONE],
+            )
+            return list(cursor.fetchall())
+
+    total = run(
+        f"SELECT b.i, (SELECT COUNT(*) FROM {table} INDEXED BY {qn('debounce_run_summary')} "
+        f"WHERE {in_range}), (SELECT TOTAL({qn('triggers')}) FROM {table} INDEXED BY "
+        f"{qn('debounce_run_summary')} WHERE {in_range}) FROM b",
+        [[i, lo, hi] for i, (lo, hi) in enumerate(ranges)],
+        "i, lo, hi",
+    )
+    task_filter = f"{qn('task_name')} = b.task AND {in_range}"
+    per_task = run(
+        f"SELECT b.task, b.i, (SELECT COUNT(*) FROM {table} INDEXED BY "
+        f"{qn('debounce_run_task_summary')} WHERE {task_filter}), (SELECT TOTAL({qn('triggers')}) "
+        f"FROM {table} INDEXED BY {qn('debounce_run_task_summary')} WHERE {task_filter}) FROM b",
+        [[name, i, lo, hi] for name in tasks for i, (lo, hi) in enumerate(ranges)],
+        "task, i, lo, hi",
+    )
+    totals = [(0, 0)] * len(ranges)
+    for i, n_runs, n_triggers in total:
+        totals[int(i)] = (int(n_runs), int(n_triggers))
+    by_task: dict[str, list[tuple[int, int]]] = {name: [(0, 0)] * len(ranges) for name in tasks}
+    for name, i, n_runs, n_triggers in per_task:
+        by_task[name][int(i)] = (int(n_runs), int(n_triggers))
+    return totals, by_task
