@@ -20,6 +20,21 @@ those of the contract (the issue 4 brief), written once, as plainly as possible:
 A live run whose lease ran out (``running_until <= now``) is lost at the start of ``trigger``,
 ``fire``, ``finish``, ``watch`` and ``recover``; its run id is appended to ``events`` so the
 test's ledger can follow it.
+
+Where the brief's wording broke an invariant, or left a point open, the model settles it
+(and the stores were changed to match; see the commits on branch issue4-prop):
+
+- a later trigger never makes an open flight due earlier than it was (I3: a lost or retried
+  run that rejoins a flight brings an older first trigger, and first + max_wait would
+  otherwise cut short the due time already given to newer triggers);
+- ``heartbeat`` at exactly the lease end fails, as every other operation counts the run lost;
+- ``abort_trigger`` that closes the flight puts back the key's last trigger time (I8: the
+  next trigger's edge depends on it); when nothing came after the aborted trigger, collected
+  items lose only its own item and a retry backoff that began since is kept; when triggers
+  merged meanwhile, its item goes only if the flight still holds one item per pending trigger
+  (otherwise a merged trigger may have sent it again, and it stays: a run too many rather
+  than a trigger lost, I1);
+- ``cancel`` clears the key's last trigger time, as lodash's ``cancel()`` does (both stores).
 """
 
 from __future__ import annotations
