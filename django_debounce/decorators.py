@@ -299,10 +299,13 @@ class DebouncedReceiverTask(DebouncedTask):
             return self.key_for(item), item, None
         return self._resolve_row(args, kwargs)
 
-    def _payload_of(self, args: tuple, kwargs: dict) -> dict[str, Any]:
-        return self._resolve_row(args, kwargs)[1]  # type: ignore[no-any-return]
-
     def _resolve_row(self, args: tuple, kwargs: dict) -> tuple[str, Any, str | None]:
+        payload = self._payload_of(args, kwargs)
+        return self.key_for(payload), payload, None
+
+    def _payload_of(self, args: tuple, kwargs: dict) -> dict[str, Any]:
+        """The row payload of ``trigger(instance)`` or ``trigger(Model, pk)`` (no key: in
+        collect mode the key is computed from the item, with ``key=``'s collect signature)."""
         if len(args) == 1 and not kwargs and isinstance(args[0], models.Model):
             instance = args[0]
             self._check_model(type(instance))
@@ -327,7 +330,7 @@ class DebouncedReceiverTask(DebouncedTask):
                 f"{self.name}.trigger() takes a model instance, or a model class and a primary "
                 f"key; got args={args!r} kwargs={kwargs!r}."
             )
-        return self.key_for(payload), payload, None
+        return payload
 
     def call_arguments(self, payload: Any) -> tuple[list[Any], dict[str, Any]]:
         """The receiver body takes the payload's fields as keywords (collect mode: the list

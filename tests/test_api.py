@@ -247,3 +247,23 @@ def test_collect_flush_and_cancel_need_no_item_with_the_default_key(store):
     assert plain_batch.cancel() == 2
     plain_batch.trigger(3)
     assert plain_batch.flush() is True
+
+
+def test_collecting_receiver_with_key_is_triggered_by_hand_with_its_own_signature():
+    from django.db.models.signals import post_save
+
+    from django_debounce import debounced_receiver
+    from tests.testapp.models import OtherItem
+
+    def other_batch(sender, pks, instances, **kw):
+        return pks
+
+    task = debounced_receiver(
+        post_save,
+        sender=OtherItem,
+        collect=True,
+        name="testapp.other_batch_by_parity",
+        key=lambda model, pk: f"{model}:{int(pk) % 2}",
+    )(other_batch)
+    key, item, _encoded = task._resolve((OtherItem, 3), {})
+    assert (key, item) == ("testapp.otheritem:1", {"model": "testapp.otheritem", "pk": 3})
