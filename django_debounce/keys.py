@@ -53,13 +53,28 @@ def _is_json_scalar(value: Any) -> bool:
     return value is None or isinstance(value, (str, int, float, bool, list, tuple, dict))
 
 
+_HASHES: dict[tuple[str, str], str] = {}
+_HASHES_MAX = 4096  # entries; only keys of up to 256 characters are kept (about 2 MB at most)
+
+
 def key_hash(task_name: str, key: str) -> str:
     """The store identity of a key: SHA-256 hex of task name and readable key.
 
     Hashing makes any length or character safe in every store; including the task name
-    keeps the same readable key of two tasks independent.
+    keeps the same readable key of two tasks independent. Short keys are remembered, so a
+    burst of triggers on one key hashes it once.
     """
-    return hashlib.sha256(f"{task_name}\n{key}".encode()).hexdigest()
+    if len(key) > 256:
+        return hashlib.sha256(f"{task_name}\n{key}".encode()).hexdigest()
+    try:
+        return _HASHES[task_name, key]
+    except KeyError:
+        if len(_HASHES) >= _HASHES_MAX:
+            _HASHES.clear()
+        hashed = _HASHES[task_name, key] = hashlib.sha256(
+            f"{task_name}\n{key}".encode()
+        ).hexdigest()
+        return hashed
 
 
 def payload_signature(func: Callable[..., Any]) -> inspect.Signature:

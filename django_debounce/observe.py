@@ -64,6 +64,15 @@ class Metrics:
             ["task"],
             buckets=DELAY_BUCKETS,
         )
+        self._trigger_children: dict[str, Any] = {}
+
+    def count_trigger(self, task_name: str) -> None:
+        """``triggers`` of ``task_name`` plus one; the labelled child is looked up once per
+        task (prometheus-client's ``labels()`` costs more than the increment)."""
+        child = self._trigger_children.get(task_name)
+        if child is None:
+            child = self._trigger_children[task_name] = self.triggers.labels(task_name)
+        child.inc()
 
 
 def _load_metrics() -> Metrics | None:
@@ -105,7 +114,7 @@ def triggered(task: Any, result: TriggerResult) -> None:
         "scheduled" if result.scheduled else "merged",
     )
     if metrics is not None:
-        metrics.triggers.labels(name).inc()
+        metrics.count_trigger(name)
     _send(
         signals.trigger_received,
         "trigger_received",

@@ -40,15 +40,23 @@ def _load(path: str) -> BaseBackend:
     return cls()
 
 
+_by_name: dict[str | None, BaseBackend] = {}
+
+
 def get_backend(name: str | None = None) -> BaseBackend:
     """The backend instance for ``name`` (a setting value or dotted path), or the configured one.
 
     Raises ``ImproperlyConfigured`` when the path cannot be imported.
     """
-    return _load(backend_path(name))
+    try:
+        return _by_name[name]  # every trigger asks: one dict lookup
+    except KeyError:
+        backend = _by_name[name] = _load(backend_path(name))
+        return backend
 
 
 @receiver(setting_changed)
 def _reset(*, setting: str, **kwargs: object) -> None:
     if setting.startswith("DEBOUNCE_") or setting in ("CACHES", "DATABASES", "DATABASE_ROUTERS"):
+        _by_name.clear()
         _load.cache_clear()

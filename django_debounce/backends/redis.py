@@ -145,7 +145,7 @@ class RedisBackend(BaseBackend):
             redis.BlockingConnectionPool,
         ):
             return None
-        self._tails: dict[tuple[Any, ...], bytes] = {}
+        self._tails: dict[tuple[Any, ...], tuple[bytes, bytes]] = {}
         return threading.local()
 
     def _send_direct(self, packed: bytes) -> Any:
@@ -173,11 +173,14 @@ class RedisBackend(BaseBackend):
     def _trigger_hot(self, rkey: str, payload: str, tail: tuple[Any, ...]) -> Any:
         """``EVALSHA trigger 1 rkey 0 payload *tail`` through ``_send_direct``; the constant
         head and tail of the command are packed once per task configuration."""
-        packed_tail = self._tails.get(tail)
-        sha = self.scripts["trigger"].sha
-        if packed_tail is None:
-            packed_tail = self._tails[tail] = _pack([str(a).encode() for a in tail])
-        head = b"*%d\r\n$7\r\nEVALSHA\r\n$40\r\n%s\r\n$1\r\n1\r\n" % (6 + len(tail), sha.encode())
+        packed = self._tails.get(tail)
+        if packed is None:
+            sha = self.scripts["trigger"].sha.encode()
+            packed = self._tails[tail] = (
+                b"*%d\r\n$7\r\nEVALSHA\r\n$40\r\n%s\r\n$1\r\n1\r\n" % (6 + len(tail), sha),
+                _pack([str(a).encode() for a in tail]),
+            )
+        head, packed_tail = packed
         k = rkey.encode()
         p = payload.encode()
         return self._send_direct(
@@ -387,11 +390,14 @@ class RedisBackend(BaseBackend):
                 out = None  # the normal path loads the script again
         if out is None:
             out = self._run("trigger", keys, args)
-        if len(out) == 1:  # new to Redis: continue the durable record's counters
+        if not isinstance(out, (bytes, str)) and len(out) == 1:
+            # new to Redis: continue the durable record's counters (another process may open
+            # the flight meanwhile, so the second call can merge)
             args += [key, task_name, int(time.time() * US), self._seed(key_hash)]
             out = self._run("trigger", keys, args)
-        if len(out) == 3:  # merged into the open flight: nothing to publish or record
-            return TriggerResult(key, out[0], out[1], _dt(out[2]), False), None, None
+        if isinstance(out, (bytes, str)):  # merged: "flight pending due", nothing to publish
+            flight, pending, due = out.split()
+            return TriggerResult(key, int(flight), int(pending), _dt(due), False), None, None
         (
             flight_id,
             pending,

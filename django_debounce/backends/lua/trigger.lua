@@ -16,8 +16,8 @@ end
 local grace = tonumber(ARGV[5])
 
 -- Hot path: a trigger that only merges into an open flight (see merge_until) reads eight
--- fields, writes five, and replies with three numbers. A flight that this trigger makes due
--- before its outstanding message (max_wait from an early first trigger) takes the full path,
+-- fields, writes five, and replies with one status line of three numbers. A flight that
+-- this trigger makes due before its outstanding message (max_wait from an early first trigger) takes the full path,
 -- which publishes a message for the earlier time.
 local m = redis.call('HMGET', h, 'mu', 'p', 'ft', 'T', 'f', 'x', 'sa', 'd')
 local hot, due = (tonumber(m[1]) or 0) > now, 0
@@ -29,20 +29,22 @@ if hot then
   hot = due >= (tonumber(m[7]) or 0)
 end
 if hot then
-  local p = tonumber(m[2]) + 1
+  local ps = string.format('%d', tonumber(m[2]) + 1)
+  local ds = string.format('%d', due)
   local ttl_ms = tonumber(ARGV[6])
   local x = tonumber(m[6]) or 0
   if due + grace > x or x - now < ttl_ms * 500 then
     local ttl = math.max(ttl_ms, math.ceil((due + grace - now) / 1000))
-    redis.call('HSET', h, 'p', string.format('%d', p), 'T', string.format('%d', tonumber(m[4]) + 1),
-               'lt', string.format('%d', now), 'd', string.format('%d', due), 'pl', ARGV[2],
+    redis.call('HSET', h, 'p', ps, 'T', string.format('%d', tonumber(m[4]) + 1),
+               'lt', string.format('%d', now), 'd', ds, 'pl', ARGV[2],
                'x', string.format('%d', now + ttl * 1000))
     redis.call('PEXPIRE', h, string.format('%d', ttl))
   else
-    redis.call('HSET', h, 'p', string.format('%d', p), 'T', string.format('%d', tonumber(m[4]) + 1),
-               'lt', string.format('%d', now), 'd', string.format('%d', due), 'pl', ARGV[2])
+    redis.call('HSET', h, 'p', ps, 'T', string.format('%d', tonumber(m[4]) + 1),
+               'lt', string.format('%d', now), 'd', ds, 'pl', ARGV[2])
   end
-  return {tonumber(m[5]), p, string.format('%d', due)}
+  -- One status reply, "flight pending due": a client parses it in one line read.
+  return {ok = m[5] .. ' ' .. ps .. ' ' .. ds}
 end
 
 -- @@common@@
