@@ -186,9 +186,11 @@ def placements() -> list[tuple[str, set[int] | None, set[int] | None]]:
     PostgreSQL servers on another (the deployment case: the server has a core or a host of
     its own, and each call pays a real round trip), then all on one CPU (each round trip is a
     context switch; the client's own CPU time weighs most). Redis's benchmark documentation
-    asks for pinned placement because an unpinned client and server land on cores at random,
-    which here moved the ratio from 1.3 to 2.0 between runs. ``BENCH_PLACEMENT=unpinned``
-    leaves placement to the scheduler.
+    asks for pinned placement because unpinned processes land on cores at random. Here it
+    matters more: one unpinned run measured INCR at 67 µs (between its 45 µs on a shared core
+    and 101 µs on separate cores) and a trigger at 136 µs (its separate-cores figure), so
+    its ratio of 2.0 mixed two placements. ``BENCH_PLACEMENT=unpinned`` leaves placement to
+    the scheduler.
     """
     cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     if os.environ.get("BENCH_PLACEMENT") == "unpinned" or len(cpus) < 2:
