@@ -54,7 +54,7 @@ def _is_json_scalar(value: Any) -> bool:
 
 
 _HASHES: dict[tuple[str, str], str] = {}
-_HASHES_MAX = 4096  # entries; only keys of up to 256 characters are kept (about 2 MB at most)
+_HASHES_MAX = 4096  # entries; only keys of up to 256 characters are kept (a few MB at most)
 
 
 def key_hash(task_name: str, key: str) -> str:

@@ -267,3 +267,31 @@ def test_collecting_receiver_with_key_is_triggered_by_hand_with_its_own_signatur
     )(other_batch)
     key, item, _encoded = task._resolve((OtherItem, 3), {})
     assert (key, item) == ("testapp.otheritem:1", {"model": "testapp.otheritem", "pk": 3})
+
+
+def test_backend_read_before_a_setting_change_is_not_cached_over_it(monkeypatch):
+    """A thread that read DEBOUNCE_BACKEND just before another changed it must not leave the
+    old store cached for the new setting."""
+    import functools
+    import threading
+
+    from django_debounce import backends
+
+    started, release = threading.Event(), threading.Event()
+    load = backends._load
+
+    def slow_load(path):
+        started.set()
+        assert release.wait(10)
+        return load(path)
+
+    with override_settings(DEBOUNCE_BACKEND="redis"):
+        monkeypatch.setattr(backends, "_load", functools.cache(slow_load))
+        reader = threading.Thread(target=backends.get_backend)
+        reader.start()
+        assert started.wait(10)
+        with override_settings(DEBOUNCE_BACKEND="database"):
+            release.set()
+            reader.join(10)
+            monkeypatch.setattr(backends, "_load", load)
+            assert type(backends.get_backend()).__name__ == "DatabaseBackend"

@@ -3,6 +3,7 @@ on Django's ``setting_changed`` so ``override_settings`` works (as django-axes d
 
 from __future__ import annotations
 
+import threading
 from functools import cache
 
 from django.core.exceptions import ImproperlyConfigured
@@ -41,6 +42,8 @@ def _load(path: str) -> BaseBackend:
 
 
 _by_name: dict[str | None, BaseBackend] = {}
+_generation = 0  # bumped by every relevant setting change
+_lock = threading.Lock()
 
 
 def get_backend(name: str | None = None) -> BaseBackend:
@@ -51,12 +54,21 @@ def get_backend(name: str | None = None) -> BaseBackend:
     try:
         return _by_name[name]  # every trigger asks: one dict lookup
     except KeyError:
-        backend = _by_name[name] = _load(backend_path(name))
-        return backend
+        pass
+    generation = _generation
+    backend = _load(backend_path(name))
+    with _lock:
+        # a setting that changed while this thread read the old one must not be cached over
+        if generation == _generation:
+            _by_name[name] = backend
+    return backend
 
 
 @receiver(setting_changed)
 def _reset(*, setting: str, **kwargs: object) -> None:
+    global _generation
     if setting.startswith("DEBOUNCE_") or setting in ("CACHES", "DATABASES", "DATABASE_ROUTERS"):
-        _by_name.clear()
-        _load.cache_clear()
+        with _lock:
+            _generation += 1
+            _by_name.clear()
+            _load.cache_clear()
