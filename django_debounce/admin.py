@@ -19,6 +19,7 @@ from django.utils.http import urlencode
 from django.utils.translation import gettext_lazy as _
 
 from django_debounce import charts, conf, display, live
+from django_debounce.backends import get_backend
 from django_debounce.exceptions import UnknownTask
 from django_debounce.models import DebounceKey, DebounceRun
 from django_debounce.summary import DEFAULT_PERIOD, PERIODS, summarize
@@ -181,11 +182,21 @@ class DebounceKeyAdmin(ReadOnlyAdmin):
         """Selected rows with their task; a task name that is not a registered debounced
         task is never dispatched."""
         out = []
+        unknown: dict[str, int] = {}
         for row in queryset:
             try:
                 out.append((get_debounced_task(row.task_name), row))
-            except UnknownTask as exc:
-                self.message_user(request, str(exc), messages.WARNING)
+            except UnknownTask:
+                unknown[row.task_name] = unknown.get(row.task_name, 0) + 1
+        if unknown:
+            self.message_user(
+                request,
+                f"Skipped {sum(unknown.values())} key(s) of tasks that are not registered "
+                f"debounced tasks here: {', '.join(sorted(unknown))}. Import the modules that "
+                'define them; for a task that was removed or renamed, use "Cancel pending '
+                'triggers", then purge.',
+                messages.WARNING,
+            )
         return out
 
     @admin.action(description=_("Run now"), permissions=["operate"])
@@ -200,8 +211,14 @@ class DebounceKeyAdmin(ReadOnlyAdmin):
     def cancel_pending(self, request: HttpRequest, queryset: Any) -> None:
         """Drop the pending triggers of each selected key (a live run goes on)."""
         keys = dropped = 0
-        for task, row in self._tasks(request, queryset):
-            n = task.get_backend().cancel(row.key_hash)
+        for row in queryset:
+            # Cancelling dispatches nothing, so keys of tasks that are no longer registered
+            # (removed or renamed) are cancelled too, through the store that holds them.
+            try:
+                backend = get_debounced_task(row.task_name).get_backend()
+            except UnknownTask:
+                backend = get_backend(row.store)
+            n = backend.cancel(row.key_hash)
             keys += 1 if n else 0
             dropped += n
         self.message_user(request, f"Cancelled {dropped} pending trigger(s) on {keys} key(s).")

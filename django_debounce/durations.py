@@ -14,9 +14,17 @@ ACCEPTED = "a number with a unit s, m, h, d or w (e.g. 45s, 30m, 12h, 7d, 2w), o
 def parse(value: str) -> timedelta:
     """``"7d"`` -> ``timedelta(days=7)``; also Django's duration forms (``"1 02:00:00"``).
 
-    Raises ``ValueError`` naming the accepted forms.
+    Raises ``ValueError`` naming the accepted forms, also for a bare number (``"7"``), whose
+    unit would be a guess.
     """
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*", value or "")
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*", value or "")
+    if match and not match.group(2):
+        # Django's parse_duration would read a bare "7" as 7 seconds: too easy to mistake
+        # for 7 days in a purge command, so a unit is required.
+        raise ValueError(
+            f"{value!r} has no unit: write {match.group(1)}d for days, {match.group(1)}h for "
+            f"hours, {match.group(1)}s for seconds ({ACCEPTED})."
+        )
     if match:
         return timedelta(seconds=float(match.group(1)) * _UNITS[match.group(2)])
     parsed = parse_duration(value.strip()) if value and value.strip() else None

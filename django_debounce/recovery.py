@@ -24,15 +24,54 @@ def recover() -> int:
     they return is published. Only tasks registered as debounced tasks are dispatched.
     Returns how many messages were published."""
     published = 0
+    unknown: dict[str, int] = {}
     for name, dispatch in get_backend().recover(grace=float(conf.get("DISPATCH_GRACE"))):
         try:
             task = get_debounced_task(name)
-        except UnknownTask as exc:
-            logger.warning("django_debounce: not re-dispatching a flight: %s", exc)
+        except UnknownTask:
+            unknown[name] = unknown.get(name, 0) + 1
             continue
         if publish_quietly(task, dispatch):
             published += 1
+    if unknown:
+        logger.warning(
+            "django_debounce: not re-dispatching %d flight(s) of tasks that are not registered "
+            "debounced tasks here: %s. Import the modules that define them; for a task that "
+            "was removed or renamed, drop its triggers with `manage.py debounce_purge "
+            "--older-than 7d --unregistered`.",
+            sum(unknown.values()),
+            ", ".join(f"{name} ({n})" for name, n in sorted(unknown.items())),
+        )
     return published
+
+
+def registered_names() -> set[str]:
+    """Celery names of the debounced tasks registered in this process."""
+    from celery import current_app
+
+    from django_debounce.tasks import DebouncedTask
+
+    return {name for name, task in current_app.tasks.items() if isinstance(task, DebouncedTask)}
+
+
+def cancel_unregistered(keys: Any, *, dry_run: bool = False) -> tuple[int, int, list[str]]:
+    """Drop the pending triggers of the keys in ``keys`` (a ``DebounceKey`` queryset) whose
+    task is not a registered debounced task here (removed or renamed), through the store
+    that holds each key (``DebounceKey.store``); nothing is dispatched. Such keys then turn
+    idle and are purged like any other. Returns ``(keys with triggers dropped, triggers
+    dropped, task names)``; with ``dry_run`` counts what would be dropped from the rows."""
+    registered = registered_names()
+    orphans = keys.active().exclude(task_name__in=registered)
+    names = sorted(set(orphans.values_list("task_name", flat=True)))
+    if dry_run:
+        rows = list(orphans.values_list("pending", flat=True))
+        return sum(1 for p in rows if p), sum(rows), names
+    touched = dropped = 0
+    for row in orphans.only("key_hash", "store").iterator():
+        n = get_backend(row.store).cancel(row.key_hash)
+        touched += 1 if n else 0
+        dropped += n
+    return touched, dropped, names
 
 
 def recover_quietly(when: str = "periodically") -> int:

@@ -613,6 +613,8 @@ def get_debounced_task(name: str) -> Any:
     if not isinstance(task, DebouncedTask):
         raise UnknownTask(
             f"{name!r} is not a registered debounced task in Celery app {current_app.main!r}; "
-            "import the module that defines it, or purge its keys with debounce_purge."
+            "import the module that defines it; if it was removed or renamed, drop its "
+            "pending triggers with `manage.py debounce_purge --older-than 7d --unregistered` "
+            '(or the admin action "Cancel pending triggers").'
         )
     return task

@@ -90,3 +90,22 @@ def test_view_permission_shows_the_page_without_actions_and_refuses_a_posted_act
     )
     add = viewer.get(reverse("admin:django_debounce_debouncekey_add"))
     assert add.status_code == 403
+
+
+def test_keys_of_a_removed_task_are_skipped_by_run_now_and_cancelled(operator, eager, store):
+    for tag in ("x", "y"):
+        record_slow.trigger(tag)
+    rows = list(DebounceKey.objects.all())
+    name = record_slow.name
+    task = app.tasks.pop(name)  # as if the task was removed or renamed
+    try:
+        response = post_action(operator, "run_now", rows).content.decode()
+        assert "Skipped 2 key(s) of tasks that are not registered" in response
+        assert response.count("Skipped") == 1  # one message, not one per key
+        assert "0 key(s) with pending triggers will run now." in response
+        response = post_action(operator, "cancel_pending", rows).content.decode()
+        assert "Cancelled 2 pending trigger(s) on 2 key(s)." in response
+    finally:
+        app.tasks[name] = task
+    assert [task.get_backend().live_state(r.key_hash)["pending"] for r in rows] == [0, 0]
+    assert not RunLog.objects.exists()

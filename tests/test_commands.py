@@ -52,6 +52,11 @@ def test_bad_duration_is_a_command_error_naming_the_form(bad, db):
         run("debounce_purge", f"--older-than={bad}")
 
 
+def test_bare_number_is_refused_rather_than_read_as_seconds(db):
+    with pytest.raises(CommandError, match="no unit: write 7d for days"):
+        run("debounce_purge", "--older-than", "7")
+
+
 def test_unknown_task_is_a_command_error(db):
     with pytest.raises(CommandError, match="registered debounced task"):
         run("debounce_purge", "--older-than", "7d", "--task", "nope.missing")
@@ -109,3 +114,29 @@ def test_status_lists_pending_keys_with_live_counts(eager, store):
         ("testapp.record_slow", 3, "pending")
     ]
     assert run("debounce_status", "--task", "other") == "no pending or running keys\n"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_keys_of_a_removed_task_are_reported_then_dropped_with_unregistered(eager, store, caplog):
+    record.trigger("orphan")
+    record.trigger("orphan")
+    row = DebounceKey.objects.get(key__contains='"orphan"')
+    name = record.name
+    task = app.tasks.pop(name)  # as if the task was removed or renamed
+    try:
+        out = run("debounce_purge", "--older-than", "7d")
+        assert "1 keys with pending triggers belong to tasks that are not registered" in out
+        assert "add --unregistered" in out
+        dry = run("debounce_purge", "--older-than", "7d", "--unregistered", "--dry-run")
+        assert (
+            f"would drop 2 pending triggers on 1 keys of tasks that are not registered "
+            f"debounced tasks here: {name}" in dry
+        )
+        out = run("debounce_purge", "--older-than", "7d", "--unregistered")
+        assert "dropped 2 pending triggers on 1 keys" in out
+        assert task.get_backend().live_state(row.key_hash)["pending"] == 0
+        out = run("debounce_purge", "--older-than", "7d")
+        assert "belong to tasks that are not registered" not in out
+    finally:
+        app.tasks[name] = task
+    assert run_due(now=timezone.now() + timedelta(seconds=5)) == 0  # nothing left to run

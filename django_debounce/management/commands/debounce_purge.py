@@ -13,17 +13,8 @@ from django.utils import timezone
 from django_debounce import conf, durations
 from django_debounce.exceptions import UnknownTask
 from django_debounce.models import DebounceKey, DebounceRun
-from django_debounce.recovery import recover
+from django_debounce.recovery import cancel_unregistered, recover, registered_names
 from django_debounce.tasks import get_debounced_task
-
-
-def registered_names() -> set[str]:
-    """Celery names of the debounced tasks registered in this process."""
-    from celery import current_app
-
-    from django_debounce.tasks import DebouncedTask
-
-    return {name for name, task in current_app.tasks.items() if isinstance(task, DebouncedTask)}
 
 
 class Command(BaseCommand):
@@ -45,6 +36,12 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--task", metavar="NAME", help="delete only keys and runs of this task (Celery name)"
+        )
+        parser.add_argument(
+            "--unregistered",
+            action="store_true",
+            help="first drop the pending triggers of keys whose task is no longer a "
+            "registered debounced task (removed or renamed), so they are purged too",
         )
         parser.add_argument(
             "--batch-size",
@@ -107,6 +104,23 @@ class Command(BaseCommand):
             )
         else:
             recovery = f"redid {lost} runs whose lease ran out; re-dispatched {recover()} flights"
+        if options["unregistered"]:
+            touched, dropped, orphan_tasks = cancel_unregistered(keys, dry_run=dry)
+            if orphan_tasks:
+                self.stdout.write(
+                    f"{'would drop' if dry else 'dropped'} {dropped} pending triggers on "
+                    f"{touched} keys of tasks that are not registered debounced tasks here: "
+                    f"{', '.join(orphan_tasks)}"
+                )
+        else:
+            orphans = keys.active().exclude(task_name__in=registered_names())
+            orphan_tasks = sorted(set(orphans.values_list("task_name", flat=True)))
+            if orphan_tasks:
+                self.stdout.write(
+                    f"{orphans.count()} keys with pending triggers belong to tasks that are "
+                    f"not registered debounced tasks here ({', '.join(orphan_tasks)}): import "
+                    "their modules, or add --unregistered to drop their triggers"
+                )
         batch = options["batch_size"]
         n_runs = runs.delete_expired(cutoff, batch_size=batch, dry_run=dry)
         n_keys = keys.delete_stale(cutoff, batch_size=batch, dry_run=dry)
