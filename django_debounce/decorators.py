@@ -14,6 +14,7 @@ from django.core.exceptions import ImproperlyConfigured, ValidationError
 from django.db import models, router
 from django.db.models.signals import post_delete
 from django.dispatch import Signal
+from django.utils.inspect import func_accepts_kwargs
 
 from django_debounce import conf
 from django_debounce.state import RunInfo, TriggerResult
@@ -436,6 +437,34 @@ def _collect_body(task_holder: list[Any]) -> Callable[..., Any]:
     return body
 
 
+def _check_handler(handler: Callable[..., Any], collect: bool) -> None:
+    """A receiver's handler is called with keywords only, the signal's own among them, so it
+    must take ``**kwargs``, as Django asks of every signal receiver (a collecting handler may
+    instead name exactly ``sender, pks, instances, signal, debounce``); checked at decoration
+    rather than in the worker, where the run would fail and be retried."""
+    if not callable(handler):
+        raise TypeError(f"debounced_receiver decorates a function, got {handler!r}.")
+    if collect:
+        fields = "sender, pks, instances, signal"
+        try:
+            inspect.signature(handler).bind(
+                sender=None, pks=[], instances=[], signal=None, debounce=None
+            )
+            return
+        except TypeError:
+            pass
+    else:
+        fields = "sender, pk, instance, signal"
+    if not func_accepts_kwargs(handler):
+        raise TypeError(
+            f"The handler {getattr(handler, '__qualname__', handler)!r} of debounced_receiver "
+            f"must accept **kwargs: it is called with keywords ({fields}, debounce, and the "
+            "signal's own such as created or update_fields). Write it as "
+            f"def {getattr(handler, '__name__', 'handler')}(sender, **kwargs) or name the "
+            "keywords you use before **kwargs."
+        )
+
+
 def debounced_receiver(
     signal: Signal | list[Signal] | tuple[Signal, ...],
     *,
@@ -490,6 +519,7 @@ def debounced_receiver(
     )
 
     def decorate(handler: F) -> Any:
+        _check_handler(handler, collect)
         if key is not None:
             _check_receiver_key(
                 celery_options.get("name", f"{handler.__module__}.{handler.__qualname__}"),
@@ -516,6 +546,10 @@ def debounced_receiver(
         holder.append(task)
 
         def on_signal(signal: Signal, sender: Any, **kwargs: Any) -> None:
+            if getattr(getattr(sender, "_meta", None), "app_label", None) == "django_debounce":
+                # This app's own rows are written by triggers and runs: a receiver without
+                # sender= would trigger itself again on every save, without end.
+                return
             task.on_signal(signal, sender, **kwargs)
 
         for sig in signals:

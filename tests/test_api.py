@@ -295,3 +295,44 @@ def test_backend_read_before_a_setting_change_is_not_cached_over_it(monkeypatch)
             reader.join(10)
             monkeypatch.setattr(backends, "_load", load)
             assert type(backends.get_backend()).__name__ == "DatabaseBackend"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_receiver_without_sender_is_not_triggered_by_the_apps_own_rows(store):
+    from django.db.models.signals import post_save
+
+    from django_debounce import debounced_receiver
+    from tests.testapp.models import OtherItem
+
+    name = f"tests.any_model_saved_{store}"
+
+    @debounced_receiver(post_save, wait=60, name=name)
+    def any_model_saved(sender, **kwargs):
+        """Reacts to the saves of every model."""
+
+    try:
+        row = OtherItem.objects.create(value=1)
+        OtherItem.objects.filter(pk=row.pk).get().save()
+        mine = list(DebounceKey.objects.filter(task_name=name))
+        assert [k.key for k in mine] == [f"testapp.otheritem:{row.pk}"]
+        assert any_model_saved.get_backend().live_state(mine[0].key_hash)["pending"] == 2
+    finally:
+        post_save.disconnect(dispatch_uid=f"django_debounce:{name}")
+
+
+def test_receiver_handler_without_kwargs_is_refused_at_decoration():
+    from django.db.models.signals import post_save
+
+    from django_debounce import debounced_receiver
+
+    with pytest.raises(TypeError, match=r"must accept \*\*kwargs.*def no_kwargs\(sender, \*\*kw"):
+
+        @debounced_receiver(post_save, sender=RunLog, name="tests.no_kwargs")
+        def no_kwargs(sender, instance):
+            pass
+
+    @debounced_receiver(post_save, sender=RunLog, collect=True, name="tests.collect_named")
+    def collect_named(sender, pks, instances, signal, debounce):
+        """A collecting handler may name exactly its keywords."""
+
+    post_save.disconnect(dispatch_uid="django_debounce:tests.collect_named")
