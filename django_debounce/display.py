@@ -41,7 +41,9 @@ def fire_time(row: Any, now: datetime) -> str:
     if row.running_until is not None and not row.overlap:
         return "after the live run"
     not_before = getattr(row, "not_before", None)  # the backoff of a retry
-    if not_before is not None and not_before > max(row.due_at, now):
+    # A retried flight is due at its backoff's end (the stores set due_at = not_before); a
+    # trigger during the backoff may only move due_at later, and then "in ..." says when.
+    if not_before is not None and not_before >= row.due_at and not_before > now:
         return f"retry in {duration((not_before - now).total_seconds())}"
     ahead = (row.due_at - now).total_seconds()
     if ahead > 0:

@@ -69,6 +69,11 @@ def test_fire_time_texts():
     assert display.fire_time(key, now) == "overdue 1 min 30 s"
     key.not_before = now + timedelta(seconds=30)
     assert display.fire_time(key, now) == "retry in 30 s"
+    key.due_at = key.not_before  # as the stores record a retry's backoff
+    assert display.fire_time(key, now) == "retry in 30 s"
+    key.due_at = now + timedelta(seconds=45)  # a trigger during the backoff moved it later
+    assert display.fire_time(key, now) == "in 45 s"
+    key.due_at, key.not_before = now - timedelta(seconds=90), None
     key.running_until = now + timedelta(seconds=60)
     assert display.fire_time(key, now) == "after the live run"
     assert display.fire_time(DebounceKey(pending=0), now) == ""
