@@ -1,8 +1,10 @@
-"""System checks: ``django_debounce.E001`` (backend path), ``W001`` (cache without atomic scripts),
-``W002`` (SQLite without an immediate transaction mode)."""
+"""System checks: ``django_debounce.E001`` (backend path), ``E002`` (a setting of the wrong
+kind), ``W001`` (cache without atomic scripts), ``W002`` (SQLite without an immediate
+transaction mode), ``W003`` (an unknown ``DEBOUNCE_`` setting, likely misspelt)."""
 
 from __future__ import annotations
 
+import difflib
 from typing import Any
 
 from django.conf import settings
@@ -81,6 +83,34 @@ def sqlite_warnings(databases: dict[str, dict[str, Any]]) -> list[checks.CheckMe
                     hint="Set OPTIONS={'transaction_mode': 'IMMEDIATE', 'init_command': "
                     "'PRAGMA journal_mode=WAL;', 'timeout': 20} on that database.",
                     id="django_debounce.W002",
+                )
+            )
+    return out
+
+
+@checks.register()
+def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """E002 for a ``DEBOUNCE_`` setting of the wrong kind (found at startup rather than at the
+    first trigger or in a worker); W003 for a ``DEBOUNCE_`` setting this app does not know."""
+    out: list[checks.CheckMessage] = [
+        checks.Error(
+            message,
+            hint="See the settings table in the README.",
+            obj=name,
+            id="django_debounce.E002",
+        )
+        for name, message in conf.problems()
+    ]
+    known = {f"DEBOUNCE_{name}" for name in conf.DEFAULTS}
+    for name in dir(settings):
+        if name.startswith("DEBOUNCE_") and name not in known:
+            close = difflib.get_close_matches(name, sorted(known), n=1)
+            out.append(
+                checks.Warning(
+                    f"{name} is not a django-debounce setting and is ignored.",
+                    hint=f"Did you mean {close[0]}?" if close else "See the README's settings.",
+                    obj=name,
+                    id="django_debounce.W003",
                 )
             )
     return out

@@ -76,3 +76,50 @@ def seconds(value: Any, *, name: str, allow_none: bool = False) -> float | None:
     if not math.isfinite(value) or value < 0:
         raise ImproperlyConfigured(f"{name} must be a finite number >= 0 seconds, got {value!r}.")
     return float(value)
+
+
+# Settings that are durations in seconds, and whether None is allowed.
+DURATIONS: dict[str, bool] = {
+    "DEFAULT_WAIT": False,
+    "LEASE": False,
+    "REDIS_TTL": False,
+    "DISPATCH_GRACE": False,
+    "RECOVERY_INTERVAL": True,
+    "REARM_HOLD": False,
+}
+BOOLEANS = ("ON_COMMIT", "ENABLED", "ADMIN_ENABLED")
+
+
+def seconds_of(name: str) -> float:
+    """The duration setting ``DEBOUNCE_<name>`` in seconds (0.0 for an allowed ``None``).
+
+    Raises ``ImproperlyConfigured`` naming the setting and the accepted forms.
+    """
+    value = seconds(get(name), name=f"DEBOUNCE_{name}", allow_none=DURATIONS.get(name, False))
+    return value or 0.0
+
+
+def problems() -> list[tuple[str, str]]:
+    """``(setting, what is wrong and how to fix it)`` for every ``DEBOUNCE_`` setting with a
+    value of the wrong kind (durations, booleans, the cache alias), for the system check."""
+    out = []
+    for name in DURATIONS:
+        try:
+            seconds_of(name)
+        except ImproperlyConfigured as exc:
+            out.append((f"DEBOUNCE_{name}", str(exc)))
+    if "DEBOUNCE_LEASE" not in dict(out) and seconds_of("LEASE") == 0:
+        out.append(("DEBOUNCE_LEASE", "DEBOUNCE_LEASE must be more than 0 seconds."))
+    for name in BOOLEANS:
+        value = get(name)
+        if not isinstance(value, bool):
+            out.append(
+                (
+                    f"DEBOUNCE_{name}",
+                    f"DEBOUNCE_{name} must be True or False, got {value!r} of type "
+                    f"{type(value).__name__} (a string such as 'false' counts as true).",
+                )
+            )
+    if not isinstance(get("CACHE_ALIAS"), str):
+        out.append(("DEBOUNCE_CACHE_ALIAS", "DEBOUNCE_CACHE_ALIAS must be a cache alias (str)."))
+    return out

@@ -25,7 +25,7 @@ def recover() -> int:
     Returns how many messages were published."""
     published = 0
     unknown: dict[str, int] = {}
-    for name, dispatch in get_backend().recover(grace=float(conf.get("DISPATCH_GRACE"))):
+    for name, dispatch in get_backend().recover(grace=conf.seconds_of("DISPATCH_GRACE")):
         try:
             task = get_debounced_task(name)
         except UnknownTask:
@@ -98,8 +98,8 @@ def recover_on_worker_start(sender: Any = None, **kwargs: Any) -> None:
         interval = conf.seconds(
             conf.get("RECOVERY_INTERVAL"), name="DEBOUNCE_RECOVERY_INTERVAL", allow_none=True
         )
-    except Exception:
-        logger.exception("django_debounce: bad DEBOUNCE_RECOVERY_INTERVAL; no periodic recovery")
+    except Exception as exc:
+        logger.error("django_debounce: no periodic recovery: %s", exc)
         return
     timer = getattr(sender, "timer", None)
     if interval and timer is not None:

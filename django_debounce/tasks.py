@@ -405,7 +405,7 @@ class DebouncedTask(Task):
         result when this message claimed the flight, else ``None``. ``store`` names the store
         that issued the message (``"d"``/``"r"``), for the ``auto`` backend."""
         backend = self.get_backend()
-        hold = float(conf.get("REARM_HOLD") or 0) if in_worker else 0.0
+        hold = conf.seconds_of("REARM_HOLD") if in_worker else 0.0
         while True:
             decision = backend.fire(
                 hashed,

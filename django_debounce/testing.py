@@ -28,7 +28,7 @@ def run_due(now: datetime | None = None, *, backend: str | None = None) -> int:
     store = get_backend(backend)
     # Runs whose lease ran out by `now` go back to pending first (their messages are not
     # published: this function is the worker).
-    store.recover(grace=float(conf.get("DISPATCH_GRACE")), now=now)
+    store.recover(grace=conf.seconds_of("DISPATCH_GRACE"), now=now)
     count = 0
     for _pass in range(1000):
         ran = 0

@@ -336,3 +336,43 @@ def test_receiver_handler_without_kwargs_is_refused_at_decoration():
         """A collecting handler may name exactly its keywords."""
 
     post_save.disconnect(dispatch_uid="django_debounce:tests.collect_named")
+
+
+@pytest.mark.parametrize(
+    "setting, value, text",
+    [
+        ("DEBOUNCE_DISPATCH_GRACE", "1m", "DEBOUNCE_DISPATCH_GRACE must be a number of seconds"),
+        ("DEBOUNCE_REARM_HOLD", "x", "DEBOUNCE_REARM_HOLD must be a number of seconds"),
+        ("DEBOUNCE_LEASE", "5m", "DEBOUNCE_LEASE must be a number of seconds"),
+        ("DEBOUNCE_LEASE", 0, "DEBOUNCE_LEASE must be more than 0 seconds"),
+        ("DEBOUNCE_RECOVERY_INTERVAL", "x", "DEBOUNCE_RECOVERY_INTERVAL must be a number"),
+        ("DEBOUNCE_ENABLED", "false", "DEBOUNCE_ENABLED must be True or False"),
+        ("DEBOUNCE_ON_COMMIT", 1, "DEBOUNCE_ON_COMMIT must be True or False"),
+    ],
+)
+def test_check_e002_names_a_setting_of_the_wrong_kind(setting, value, text):
+    from django_debounce.checks import check_settings
+
+    with override_settings(**{setting: value}):
+        found = [m for m in check_settings() if m.id == "django_debounce.E002"]
+    assert [m.obj for m in found] == [setting]
+    assert text in found[0].msg
+
+
+def test_check_w003_suggests_the_setting_a_misspelt_one_meant():
+    from django_debounce.checks import check_settings
+
+    assert check_settings() == []
+    with override_settings(DEBOUNCE_LEASES=60):
+        found = check_settings()
+    assert [(m.id, m.obj, m.hint) for m in found] == [
+        ("django_debounce.W003", "DEBOUNCE_LEASES", "Did you mean DEBOUNCE_LEASE?")
+    ]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_bad_duration_setting_is_an_error_naming_it_at_trigger_time_too(store):
+    with override_settings(DEBOUNCE_DISPATCH_GRACE="1m"):
+        with pytest.raises(ImproperlyConfigured, match="DEBOUNCE_DISPATCH_GRACE"):
+            record.trigger("bad-grace")
+    assert not DebounceKey.objects.filter(pending__gt=0).exists()  # not counted: refused

@@ -753,4 +753,4 @@ def _seq_base() -> int:
 def _grace() -> float:
     from django_debounce import conf
 
-    return float(conf.get("DISPATCH_GRACE"))
+    return conf.seconds_of("DISPATCH_GRACE")

@@ -219,7 +219,7 @@ class RedisBackend(BaseBackend):
         rebuilt when a ``DEBOUNCE_`` setting changes."""
         limits = self.__dict__.get("_limits_cache")
         if limits is None:
-            grace = float(conf.get("DISPATCH_GRACE"))
+            grace = conf.seconds_of("DISPATCH_GRACE")
             ttl = conf.seconds(conf.get("REDIS_TTL"), name="DEBOUNCE_REDIS_TTL")
             limits = self.__dict__["_limits_cache"] = (int(grace * US), int(ttl * 1000))  # type: ignore[operator]
         return limits

@@ -96,7 +96,7 @@ class Command(BaseCommand):
         everything = DebounceKey.objects.using(alias) if alias else DebounceKey.objects.all()
         lost = everything.lease_expired(now).count()
         if dry:
-            grace = float(conf.get("DISPATCH_GRACE"))
+            grace = conf.seconds_of("DISPATCH_GRACE")
             overdue = everything.dispatch_overdue(now, grace).count()
             recovery = (
                 f"would redo {lost} runs whose lease ran out and re-dispatch about {overdue} "
