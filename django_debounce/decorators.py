@@ -75,6 +75,9 @@ def _check_celery_options(options: dict[str, Any]) -> None:
         )
 
 
+DEFAULT_COLLECT_LIMIT = 1000  # items per run of a collecting task
+
+
 def _options(
     *,
     wait: Any,
@@ -84,7 +87,7 @@ def _options(
     trailing: bool,
     overlap: bool,
     collect: bool,
-    collect_limit: int,
+    collect_limit: int | None,
     lease: Any,
     on_commit: bool | None,
     backend: str | None,
@@ -95,12 +98,20 @@ def _options(
             "leading=False with trailing=False would never run the task (as lodash debounce); "
             "set leading=True for a run at the start of each burst, or keep trailing=True."
         )
+    if collect_limit is not None and not collect:
+        raise ImproperlyConfigured(
+            "collect_limit= applies only to a collecting task: add collect=True, or drop "
+            "collect_limit=."
+        )
+    if collect_limit is None:
+        collect_limit = DEFAULT_COLLECT_LIMIT
     if isinstance(collect_limit, bool) or not isinstance(collect_limit, int) or collect_limit < 1:
         raise ImproperlyConfigured(
             f"collect_limit= must be a positive int (items per run), got {collect_limit!r}."
         )
-    lease_s = conf.seconds(lease, name="lease", allow_none=True)
-    if lease_s is not None and lease_s <= 0:
+    negative = isinstance(lease, (int, float)) and not isinstance(lease, bool) and lease < 0
+    lease_s = None if negative else conf.seconds(lease, name="lease", allow_none=True)
+    if negative or (lease_s is not None and lease_s <= 0):
         raise ImproperlyConfigured(
             f"lease= must be more than 0 seconds (how long a run may go without a heartbeat "
             f"before it counts as lost), got {lease!r}."
@@ -132,7 +143,7 @@ def debounced_task(
     trailing: bool = True,
     overlap: bool = False,
     collect: bool = False,
-    collect_limit: int = 1000,
+    collect_limit: int | None = None,
     lease: float | Any = None,
     on_commit: bool | None = None,
     backend: str | None = None,
@@ -477,7 +488,7 @@ def debounced_receiver(
     trailing: bool = True,
     overlap: bool = False,
     collect: bool = False,
-    collect_limit: int = 1000,
+    collect_limit: int | None = None,
     lease: float | Any = None,
     on_commit: bool | None = None,
     backend: str | None = None,

@@ -376,3 +376,10 @@ def test_a_bad_duration_setting_is_an_error_naming_it_at_trigger_time_too(store)
         with pytest.raises(ImproperlyConfigured, match="DEBOUNCE_DISPATCH_GRACE"):
             record.trigger("bad-grace")
     assert not DebounceKey.objects.filter(pending__gt=0).exists()  # not counted: refused
+
+
+def test_collect_limit_without_collect_and_a_negative_lease_name_the_fix():
+    with pytest.raises(ImproperlyConfigured, match="add collect=True"):
+        debounced_task(collect_limit=10, name="tests.limit_only")(lambda x: None)
+    with pytest.raises(ImproperlyConfigured, match="lease= must be more than 0 seconds"):
+        debounced_task(lease=-3, name="tests.negative_lease")(lambda x: None)

@@ -114,10 +114,15 @@ def test_status_lists_pending_keys_with_live_counts(eager, store):
         ("testapp.record_slow", 3, "pending")
     ]
     assert run("debounce_status", "--task", "other") == "no pending or running keys\n"
+    record_slow.trigger("t" * 80)
+    short = run("debounce_status", "--limit", "1")
+    assert "raise --limit to see them" in short
+    assert "raise --limit" not in run("debounce_status", "--limit", "2")
+    assert "…" in run("debounce_status")  # a long key is cut visibly
 
 
 @pytest.mark.django_db(transaction=True)
-def test_keys_of_a_removed_task_are_reported_then_dropped_with_unregistered(eager, store, caplog):
+def test_keys_of_a_removed_task_are_reported_then_dropped_with_unregistered(eager, store):
     record.trigger("orphan")
     record.trigger("orphan")
     row = DebounceKey.objects.get(key__contains='"orphan"')

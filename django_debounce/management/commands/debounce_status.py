@@ -31,7 +31,9 @@ class Command(BaseCommand):
         qs = DebounceKey.objects.active().order_by("due_at", "pk")
         if options["task"]:
             qs = qs.filter(task_name=options["task"])
-        rows = list(qs[: options["limit"]])
+        rows = list(qs[: options["limit"] + 1])
+        more = len(rows) > options["limit"]
+        rows = rows[: options["limit"]]
         live.refresh(rows)
         now = timezone.now()
         records = []
@@ -64,7 +66,7 @@ class Command(BaseCommand):
         table = [header] + [
             (
                 rec["task"],
-                rec["key"][:60],
+                rec["key"] if len(rec["key"]) <= 60 else rec["key"][:59] + "…",
                 rec["state"],
                 str(rec["pending"]),
                 rec["fires"] or "-",
@@ -77,3 +79,8 @@ class Command(BaseCommand):
         widths = [max(len(row[i]) for row in table) for i in range(len(header))]
         for row in table:
             self.stdout.write("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)))
+        if more:
+            self.stdout.write(
+                f"(the first {options['limit']} keys by due time; more are pending or running: "
+                "raise --limit to see them)"
+            )
