@@ -269,13 +269,13 @@ class DebouncedTask(Task):
         alias = using or DEFAULT_DB_ALIAS
         if on_commit and connections[alias].in_atomic_block:
             transaction.on_commit(
-                partial(self._trigger_now, key, payload, payload_json), using=alias
+                partial(self._trigger_now, key, payload, payload_json, deferred=True), using=alias
             )
             return TriggerResult(key, None, None, None, scheduled=False, deferred=True)
         return self._trigger_now(key, payload, payload_json)
 
     def _trigger_now(
-        self, key: str, payload: Any, payload_json: str | None = None
+        self, key: str, payload: Any, payload_json: str | None = None, *, deferred: bool = False
     ) -> TriggerResult:
         backend = self.get_backend()
         wait = self.wait
@@ -298,11 +298,22 @@ class DebouncedTask(Task):
         if dispatch is not None:
             try:
                 publish(self, dispatch)
-            except PublishError:
-                backend.abort_trigger(
-                    dispatch.key_hash, dispatch.seq, {**(undo or {}), "kind": dispatch.kind}
-                )
-                raise
+            except PublishError as exc:
+                if deferred:
+                    # After a commit nobody can make the trigger again: keep it counted. Its
+                    # flight is recorded as scheduled, so recovery publishes the message once
+                    # it is DEBOUNCE_DISPATCH_GRACE overdue (never lost, only late).
+                    logger.error(
+                        "django_debounce: %s: the trigger after the commit is kept, but its "
+                        "message could not be published (%s); recovery will send it",
+                        self.name,
+                        exc,
+                    )
+                else:
+                    backend.abort_trigger(
+                        dispatch.key_hash, dispatch.seq, {**(undo or {}), "kind": dispatch.kind}
+                    )
+                    raise
         observe.triggered(self, result)
         return result
 

@@ -51,3 +51,26 @@ def test_unpublishable_trigger_raises_and_is_not_counted(worker, unique_tag):
     runs = wait_for(lambda: list(RunLog.objects.filter(tag=unique_tag, finished__isnull=False)))
     assert stays(lambda: RunLog.objects.filter(tag=unique_tag).count() == 1, duration=1.0)
     assert runs[0].triggers == 1
+
+
+def test_trigger_deferred_to_a_commit_is_kept_when_its_message_cannot_be_published(
+    worker, unique_tag, caplog
+):
+    """After the commit the caller cannot trigger again: the trigger stays counted, and
+    recovery publishes its message once it is overdue (late, never lost)."""
+    from django.db import transaction
+    from django.test import override_settings
+
+    from django_debounce.recovery import recover
+
+    hashed = key_hash(record.name, record.resolve((unique_tag,), {})[0])
+    with broker_down():
+        with transaction.atomic():
+            result = record.trigger(unique_tag)
+        assert result.deferred  # the commit ran the trigger, and did not raise
+    assert "could not be published" in caplog.text
+    assert record.get_backend().live_state(hashed)["pending"] == 1
+    with override_settings(DEBOUNCE_DISPATCH_GRACE=0.5):
+        wait_for(lambda: recover() >= 1, timeout=20, message="recovery to re-publish")
+    runs = wait_for(lambda: list(RunLog.objects.filter(tag=unique_tag, finished__isnull=False)))
+    assert runs[0].triggers == 1

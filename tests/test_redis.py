@@ -135,3 +135,55 @@ def test_auto_uses_the_database_without_django_redis():
     with override_settings(DEBOUNCE_BACKEND="auto", CACHES=caches):
         assert get_backend().redis is None
     assert get_backend("auto").redis is not None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_triggers_a_hung_redis_took_after_the_fallback_are_recovered(tmp_path, unique_tag):
+    """A Redis that hangs (SIGSTOP) then resumes executes the scripts its clients had given
+    up on: those triggers went to the database too, whose record now says "database, idle"
+    once its run finished. Recovery must still find and run what Redis holds (I1)."""
+    import signal
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from django_debounce.recovery import recover
+    from django_debounce.testing import run_due
+    from tests.celery_app import app
+
+    server = RedisServer(tmp_path)
+    server.start()
+    caches = copy.deepcopy(settings.CACHES)
+    caches["default"]["LOCATION"] = server.url
+    caches["default"]["OPTIONS"] = {"SOCKET_TIMEOUT": 0.5, "SOCKET_CONNECT_TIMEOUT": 0.5}
+    client = redis.Redis.from_url(server.url)
+    app.conf.task_always_eager = True
+    try:
+        with override_settings(CACHES=caches, DEBOUNCE_BACKEND="auto"):
+            h = hashed(record, unique_tag)
+            record.trigger(unique_tag)  # Redis holds the flight
+            server.proc.send_signal(signal.SIGSTOP)
+            try:
+                record.trigger(unique_tag)  # times out, falls back to the database
+            finally:
+                server.proc.send_signal(signal.SIGCONT)
+            # Redis ran the script it had been sent: it holds 2 triggers now.
+            wait_for(lambda: client.hget(redis_key(h), "p") == b"2", timeout=10)
+            assert DebounceKey.objects.get(key_hash=h).store == "database"
+            later = timezone.now() + timedelta(seconds=120)
+            # The database store's flight runs and finishes: its record goes idle.
+            assert run_due(now=later, backend="database") == 1
+            row = DebounceKey.objects.get(key_hash=h)
+            assert (row.store, row.state) == ("database", "idle")
+            # Without recovery, nothing would ever run what Redis holds. (The store tries
+            # Redis again RETRY_AFTER seconds after a failure.)
+            wait_for(lambda: get_backend()._usable() is not None, timeout=10)
+            recover()
+            assert DebounceKey.objects.get(key_hash=h).store == "redis"
+            assert run_due(now=later + timedelta(seconds=120)) == 1
+            assert get_backend().live_state(h)["pending"] == 0
+        runs = list(RunLog.objects.filter(tag=unique_tag).order_by("started"))
+        assert [r.triggers for r in runs] == [1, 2]  # the fallback's, then Redis's two
+    finally:
+        app.conf.task_always_eager = False
+        server.stop()

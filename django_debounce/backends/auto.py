@@ -179,10 +179,28 @@ class AutoBackend(BaseBackend):
         redis = self._usable()
         if redis is None:
             return self.database.recover(grace=grace, now=now)
-        out = redis.recover(grace=grace, now=now)
+        # Triggers that a hung Redis took after their clients had timed out and fallen back
+        # to the database: the record says "database, idle", Redis still holds them.
+        out = redis.recover(grace=grace, now=now, also=redis.held(self._fallen_back()))
         # Flights whose Redis state is gone (Redis restarted empty) run from the durable record.
         gone = redis.missing(redis.live_hashes())
         return out + self.database.recover(grace=grace, adopt=gone, now=now)
+
+    def _fallen_back(self) -> list[tuple[str, str]]:
+        """Idle keys the database store took over, recently enough (twice
+        ``DEBOUNCE_REDIS_TTL``) that Redis may still hold state of theirs."""
+        from datetime import timedelta
+
+        from django.utils import timezone
+
+        from django_debounce.models import DebounceKey
+
+        since = timezone.now() - timedelta(seconds=2 * conf.seconds_of("REDIS_TTL"))
+        return list(
+            DebounceKey.objects.using(self.database.alias)
+            .filter(store="database", state=DebounceKey.State.IDLE, updated_at__gte=since)
+            .values_list("task_name", "key_hash")
+        )
 
     def live_state(self, key_hash):
         redis = self._usable()

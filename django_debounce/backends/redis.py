@@ -657,10 +657,28 @@ class RedisBackend(BaseBackend):
         """Key hashes of rows mirrored from Redis that are not idle."""
         return [h for _t, h in self._live()]
 
-    def recover(self, *, grace, adopt=(), now=None):
+    def held(self, candidates: list[tuple[str, str]]) -> list[tuple[str, str]]:
+        """Of ``(task_name, key_hash)`` pairs whose record the database store owns, those
+        whose Redis state still holds pending triggers or a lease: triggers that Redis took
+        while a client had already timed out and fallen back (a Redis that hung, then
+        resumed), which no record lists as live in Redis. One pipeline per 1,000 keys."""
+        out = []
+        for start in range(0, len(candidates), 1000):
+            chunk = candidates[start : start + 1000]
+            pipe = self.client.pipeline(transaction=False)
+            for _t, h in chunk:
+                pipe.hmget(redis_key(h), "p", "ru")
+            for pair, (p, ru) in zip(chunk, pipe.execute(), strict=True):
+                if int(p or 0) > 0 or int(ru or 0) > 0:
+                    out.append(pair)
+        return out
+
+    def recover(self, *, grace, adopt=(), now=None, also=()):
+        """Recover every key the records list as live in Redis, and the pairs in ``also``
+        (``(task_name, key_hash)``, e.g. from ``held``)."""
         dispatch_grace, ttl = self._limits()
         out: list[tuple[str, Dispatch]] = []
-        for task_name, h in self._live():
+        for task_name, h in dict.fromkeys([*self._live(), *also]):
             try:
                 lost, seq, countdown, snap = self._run(
                     "recover", redis_keys(h), [_now(now), int(grace * US), ttl, dispatch_grace]
