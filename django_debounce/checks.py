@@ -1,6 +1,7 @@
 """System checks: ``django_debounce.E001`` (backend path), ``E002`` (a setting of the wrong
 kind), ``W001`` (cache without atomic scripts), ``W002`` (SQLite without an immediate
-transaction mode), ``W003`` (an unknown ``DEBOUNCE_`` setting, likely misspelt)."""
+transaction mode), ``W003`` (an unknown ``DEBOUNCE_`` setting, likely misspelt), ``W004``
+(the auto store's cache alias is not in ``CACHES``)."""
 
 from __future__ import annotations
 
@@ -46,8 +47,18 @@ def check_backend(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMe
             )
         )
         return errors
+    alias = conf.get("CACHE_ALIAS")
+    if value == "auto" and isinstance(alias, str) and alias not in settings.CACHES:
+        errors.append(
+            checks.Warning(
+                f"DEBOUNCE_CACHE_ALIAS={alias!r} is not an alias in CACHES, so the auto "
+                "store always uses the database.",
+                hint=f"Use one of {sorted(settings.CACHES)!r} (a django-redis cache for the "
+                "Redis store), or set DEBOUNCE_BACKEND='database' to say so.",
+                id="django_debounce.W004",
+            )
+        )
     if value == "redis":
-        alias = conf.get("CACHE_ALIAS")
         backend = settings.CACHES.get(alias, {}).get("BACKEND", "")
         if not backend.startswith("django_redis."):
             errors.append(

@@ -202,6 +202,7 @@ def debounced_task(
     _check_celery_options(celery_options)
 
     def decorate(fn: F) -> Any:
+        _check_not_async(fn, "debounced_task")
         if celery_options.get("bind"):
             raise ImproperlyConfigured(
                 "debounced_task does not support bind=True; declare a keyword-only `debounce` "
@@ -448,6 +449,18 @@ def _collect_body(task_holder: list[Any]) -> Callable[..., Any]:
     return body
 
 
+def _check_not_async(fn: Callable[..., Any], decorator: str) -> None:
+    """Celery calls a task body synchronously: an ``async def`` body would return a coroutine
+    that is never awaited, and the run would count as a success."""
+    if inspect.iscoroutinefunction(fn):
+        raise TypeError(
+            f"{decorator} cannot decorate the coroutine function "
+            f"{getattr(fn, '__qualname__', fn)!r}: Celery runs task bodies synchronously, so "
+            "it would never be awaited. Write a plain def (inside, asgiref.sync.async_to_sync "
+            "runs async code)."
+        )
+
+
 def _check_handler(handler: Callable[..., Any], collect: bool) -> None:
     """A receiver's handler is called with keywords only, the signal's own among them, so it
     must take ``**kwargs``, as Django asks of every signal receiver (a collecting handler may
@@ -455,6 +468,7 @@ def _check_handler(handler: Callable[..., Any], collect: bool) -> None:
     rather than in the worker, where the run would fail and be retried."""
     if not callable(handler):
         raise TypeError(f"debounced_receiver decorates a function, got {handler!r}.")
+    _check_not_async(handler, "debounced_receiver")
     if collect:
         fields = "sender, pks, instances, signal"
         try:

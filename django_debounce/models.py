@@ -69,6 +69,27 @@ class DebounceRunQuerySet(models.QuerySet):
         qs = self.filter(started_at__lt=cutoff).exclude(outcome=DebounceRun.Outcome.RUNNING)
         return _delete_in_batches(qs, batch_size, dry_run)
 
+    def unfinished(self, cutoff: datetime) -> DebounceRunQuerySet:
+        """Runs still marked running that started before ``cutoff`` while their key has no
+        live run: their finish was never recorded (the store failed at that moment, or lost
+        its state), and no lease of theirs is left to recover them."""
+        return self.filter(
+            outcome=DebounceRun.Outcome.RUNNING,
+            started_at__lt=cutoff,
+            debounce_key__running_until__isnull=True,
+        )
+
+    def close_unfinished(self, cutoff: datetime, now: datetime, *, dry_run: bool = False) -> int:
+        """Record ``unfinished(cutoff)`` runs as lost ("finish never recorded"), so the
+        history shows no run as live forever and they are purged like finished runs;
+        returns the count."""
+        qs = self.unfinished(cutoff)
+        if dry_run:
+            return qs.count()
+        return qs.update(
+            outcome=DebounceRun.Outcome.LOST, finished_at=now, error="finish never recorded"
+        )
+
 
 class DebounceKey(models.Model):
     """One row per key: the state machine of DESIGN.md section 4 for that key."""

@@ -383,3 +383,28 @@ def test_collect_limit_without_collect_and_a_negative_lease_name_the_fix():
         debounced_task(collect_limit=10, name="tests.limit_only")(lambda x: None)
     with pytest.raises(ImproperlyConfigured, match="lease= must be more than 0 seconds"):
         debounced_task(lease=-3, name="tests.negative_lease")(lambda x: None)
+
+
+def test_async_bodies_are_refused_at_decoration():
+    from django.db.models.signals import post_save
+
+    from django_debounce import debounced_receiver
+
+    async def body(x):
+        pass
+
+    with pytest.raises(TypeError, match="never be awaited"):
+        debounced_task(name="tests.async_body")(body)
+
+    async def handler(sender, **kwargs):
+        pass
+
+    with pytest.raises(TypeError, match="never be awaited"):
+        debounced_receiver(post_save, sender=RunLog, name="tests.async_handler")(handler)
+
+
+def test_check_w004_for_an_auto_cache_alias_that_is_not_in_caches():
+    with override_settings(DEBOUNCE_BACKEND="auto", DEBOUNCE_CACHE_ALIAS="nope"):
+        found = [(m.id, "nope" in m.msg) for m in check_backend()]
+    assert found == [("django_debounce.W004", True)]
+    assert check_backend() == []

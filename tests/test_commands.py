@@ -145,3 +145,23 @@ def test_keys_of_a_removed_task_are_reported_then_dropped_with_unregistered(eage
     finally:
         app.tasks[name] = task
     assert run_due(now=timezone.now() + timedelta(seconds=5)) == 0  # nothing left to run
+
+
+@pytest.mark.django_db(transaction=True)
+def test_purge_closes_runs_whose_finish_was_never_recorded(eager, store):
+    record.trigger("unfinished")
+    assert run_due(now=timezone.now() + timedelta(seconds=1)) == 1
+    finished = DebounceRun.objects.get()
+    old = timezone.now() - timedelta(days=8)
+    # As a worker leaves it when the store fails at the finish: the run row stays "running"
+    # while the key has no live run.
+    DebounceRun.objects.filter(pk=finished.pk).update(
+        outcome=DebounceRun.Outcome.RUNNING, finished_at=None, started_at=old
+    )
+    dry = run("debounce_purge", "--older-than", "7d", "--dry-run")
+    assert "would close 1 runs still marked running" in dry
+    assert DebounceRun.objects.get().outcome == "running"
+    out = run("debounce_purge", "--older-than", "7d")
+    assert "closed 1 runs still marked running" in out
+    assert "deleted 0 idle keys and 1 runs" in out
+    assert not DebounceRun.objects.exists()

@@ -122,6 +122,12 @@ class Command(BaseCommand):
                     "their modules, or add --unregistered to drop their triggers"
                 )
         batch = options["batch_size"]
+        closed = runs.close_unfinished(cutoff, now, dry_run=dry)
+        if closed:
+            self.stdout.write(
+                f"{'would close' if dry else 'closed'} {closed} runs still marked running "
+                "whose finish was never recorded (their key has no live run) as lost"
+            )
         n_runs = runs.delete_expired(cutoff, batch_size=batch, dry_run=dry)
         n_keys = keys.delete_stale(cutoff, batch_size=batch, dry_run=dry)
         verb = "would delete" if dry else "deleted"
