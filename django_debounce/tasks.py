@@ -612,6 +612,13 @@ class DebouncedTask(Task):
             publish_quietly(self, follow)
 
 
+def registered_debounced_tasks() -> list[Any]:
+    """The ``DebouncedTask`` instances registered in the current Celery app."""
+    from celery import current_app
+
+    return [task for task in current_app.tasks.values() if isinstance(task, DebouncedTask)]
+
+
 def get_debounced_task(name: str) -> Any:
     """The registered ``DebouncedTask`` called ``name``.
 

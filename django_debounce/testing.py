@@ -24,8 +24,6 @@ def run_due(now: datetime | None = None, *, backend: str | None = None) -> int:
     ``now`` is an aware datetime; pass a future time to run flights whose ``wait`` has not
     passed yet. Returns how many runs executed. A body's exception propagates at once (after
     its failure or retry is recorded); flights not yet run stay due for the next call.
-    ``backend`` (a ``DEBOUNCE_BACKEND`` value) runs only the flights of that store, through
-    it; by default each task's own store.
     """
     store = get_backend(backend)
     # Runs whose lease ran out by `now` go back to pending first (their messages are not
@@ -36,8 +34,7 @@ def run_due(now: datetime | None = None, *, backend: str | None = None) -> int:
         ran = 0
         for task_name, key_hash in store.due_keys(now):
             task = get_debounced_task(task_name)
-            runner = store if backend is not None else task.get_backend()
-            decision = runner.fire(
+            decision = task.get_backend().fire(
                 key_hash,
                 None,
                 overlap=task.debounce_overlap,
@@ -46,7 +43,7 @@ def run_due(now: datetime | None = None, *, backend: str | None = None) -> int:
                 collect_limit=task.collect_limit,
             )
             if decision.action is FireAction.CLAIM and decision.claim is not None:
-                task.run_claim(runner, decision.claim)
+                task.run_claim(task.get_backend(), decision.claim)
                 ran += 1
         count += ran
         if not ran:

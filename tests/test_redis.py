@@ -14,10 +14,10 @@ from django_debounce.backends import get_backend
 from django_debounce.backends.redis import redis_key
 from django_debounce.checks import check_backend
 from django_debounce.keys import key_hash
-from django_debounce.models import DebounceKey
+from django_debounce.models import DebounceKey, DebounceRun
 from tests.conftest import Worker, stays, wait_for
 from tests.procs import trigger_from_processes
-from tests.servers import RedisServer
+from tests.servers import RedisServer, free_port
 from tests.testapp.models import RunLog
 from tests.testapp.tasks import failover, record, record_slow
 
@@ -171,8 +171,11 @@ def test_triggers_a_hung_redis_took_after_the_fallback_are_recovered(tmp_path, u
             wait_for(lambda: client.hget(redis_key(h), "p") == b"2", timeout=10)
             assert DebounceKey.objects.get(key_hash=h).store == "database"
             later = timezone.now() + timedelta(seconds=120)
-            # The database store's flight runs and finishes: its record goes idle.
-            assert run_due(now=later, backend="database") == 1
+            # The database store's flight runs and finishes (as a worker would run the
+            # message that names the database store): its record goes idle.
+            database = get_backend("database")
+            claim = database.fire(h, None, overlap=False, lease=60, now=later).claim
+            record.run_claim(database, claim)
             row = DebounceKey.objects.get(key_hash=h)
             assert (row.store, row.state) == ("database", "idle")
             # Without recovery, nothing would ever run what Redis holds. (The store tries
@@ -187,3 +190,89 @@ def test_triggers_a_hung_redis_took_after_the_fallback_are_recovered(tmp_path, u
     finally:
         app.conf.task_always_eager = False
         server.stop()
+
+
+def _run_database_flight(h: str, now) -> None:
+    """Claim and run the database store's flight of ``h`` as a worker would run a message
+    that names the database store."""
+    database = get_backend("database")
+    decision = database.fire(h, None, overlap=False, lease=60, now=now)
+    record.run_claim(database, decision.claim)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_recovery_with_redis_unreachable_still_recovers_the_database_flights(unique_tag):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    caches = copy.deepcopy(settings.CACHES)
+    caches["default"]["LOCATION"] = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens
+    caches["default"]["OPTIONS"] = {"SOCKET_TIMEOUT": 0.5, "SOCKET_CONNECT_TIMEOUT": 0.5}
+    database = get_backend("database")
+    with override_settings(CACHES=caches, DEBOUNCE_BACKEND="auto"):
+        idle, lost = f"{unique_tag}-idle", f"{unique_tag}-lost"
+        database.trigger(**_trigger_args(idle))  # fell back, then ran: idle, recent
+        _run_database_flight(hashed(record, idle), timezone.now() + timedelta(seconds=5))
+        database.trigger(**_trigger_args(lost))  # its message was never published
+        DebounceKey.objects.filter(key_hash=hashed(record, lost)).update(scheduled=False)
+        out = get_backend().recover(grace=60)  # Redis refuses: the database part still runs
+    assert [d.key_hash for _name, d in out] == [hashed(record, lost)]
+
+
+def _trigger_args(tag: str) -> dict:
+    key, payload = record.resolve((tag,), {})
+    return {
+        "task_name": record.name,
+        "key": key,
+        "key_hash": key_hash(record.name, key),
+        "payload": payload,
+        "wait": 0.3,
+        "max_wait": None,
+    }
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_record_taken_back_from_the_database_store_never_lowers_its_counters(unique_tag):
+    """Redis kept old state through an outage in which the database store ran the key twice;
+    when recovery hands the record back to Redis, run ids must not go back, or the database
+    store's next claim would reuse a run id of its own (a unique-constraint error)."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from django_debounce.recovery import recover
+    from django_debounce.testing import run_due
+    from tests.celery_app import app
+
+    h = hashed(record, unique_tag)
+    t = timezone.now()
+    app.conf.task_always_eager = True
+    try:
+        with override_settings(DEBOUNCE_BACKEND="auto"):
+            record.trigger(unique_tag)
+            assert run_due(now=t + timedelta(seconds=5)) == 1  # Redis run 1
+            database = get_backend("database")
+            for i in (1, 2):  # an outage: two triggers and runs on the database store
+                database.trigger(**_trigger_args(unique_tag))
+                _run_database_flight(h, t + timedelta(seconds=5 + 5 * i))
+            assert DebounceKey.objects.get(key_hash=h).run_id == 3
+            get_backend("redis").trigger(**_trigger_args(unique_tag))  # what the hung Redis ran
+            recover()
+            row = DebounceKey.objects.get(key_hash=h)
+            assert (row.store, row.run_id) == ("redis", 3)
+            assert run_due(now=t + timedelta(seconds=60)) == 1  # Redis runs its trigger
+            database.trigger(**_trigger_args(unique_tag))  # a second outage
+            _run_database_flight(h, t + timedelta(seconds=70))  # no reused run id
+        runs = list(
+            DebounceRun.objects.filter(task_name=record.name).values_list("store", "run_id")
+        )
+        assert sorted(runs) == [
+            ("database", 2),
+            ("database", 3),
+            ("database", 4),
+            ("redis", 1),
+            ("redis", 2),
+        ]
+    finally:
+        app.conf.task_always_eager = False

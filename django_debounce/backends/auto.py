@@ -179,11 +179,17 @@ class AutoBackend(BaseBackend):
         redis = self._usable()
         if redis is None:
             return self.database.recover(grace=grace, now=now)
-        # Triggers that a hung Redis took after their clients had timed out and fallen back
-        # to the database: the record says "database, idle", Redis still holds them.
-        out = redis.recover(grace=grace, now=now, also=redis.held(self._fallen_back()))
-        # Flights whose Redis state is gone (Redis restarted empty) run from the durable record.
-        gone = redis.missing(redis.live_hashes())
+        out: list[Any] = []
+        gone: list[str] = []
+        try:
+            # Triggers that a hung Redis took after their clients had timed out and fell back
+            # to the database: the record says "database, idle", Redis still holds them.
+            out = redis.recover(grace=grace, now=now, also=redis.held(self._fallen_back()))
+            # Flights whose Redis state is gone (Redis restarted empty) run from the record.
+            gone = redis.missing(redis.live_hashes())
+        except self.errors as exc:
+            # Redis failed during recovery: the database store's flights are recovered anyway.
+            self._failed(exc)
         return out + self.database.recover(grace=grace, adopt=gone, now=now)
 
     def _fallen_back(self) -> list[tuple[str, str]]:
@@ -194,11 +200,15 @@ class AutoBackend(BaseBackend):
         from django.utils import timezone
 
         from django_debounce.models import DebounceKey
+        from django_debounce.tasks import registered_debounced_tasks
 
         since = timezone.now() - timedelta(seconds=2 * conf.seconds_of("REDIS_TTL"))
+        # Tasks pinned to the database store never have Redis state.
+        pinned = [t.name for t in registered_debounced_tasks() if t.debounce_backend == "database"]
         return list(
             DebounceKey.objects.using(self.database.alias)
             .filter(store="database", state=DebounceKey.State.IDLE, updated_at__gte=since)
+            .exclude(task_name__in=pinned)
             .values_list("task_name", "key_hash")
         )
 

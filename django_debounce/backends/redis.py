@@ -27,6 +27,8 @@ from typing import Any
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, router, transaction
+from django.db.models import F, Value
+from django.db.models.functions import Greatest
 from django.utils import timezone
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError
@@ -50,6 +52,18 @@ OPERATIONS = (
     "cancel",
     "recover",
     "watch",
+)
+
+
+# Record fields that count up: a snapshot never lowers them (see ``_write_record``).
+MONOTONIC_FIELDS = (
+    "run_id",
+    "flight_id",
+    "scheduled_seq",
+    "triggers",
+    "runs",
+    "merged",
+    "cancelled",
 )
 
 
@@ -312,7 +326,11 @@ class RedisBackend(BaseBackend):
                 store="database", state__in=[DebounceKey.State.PENDING, DebounceKey.State.RUNNING]
             )
         )
-        if not rows.update(**fields):
+        # Counters never go back: while Redis was failing the database store may have run
+        # and counted this key further than the Redis state it kept (a hung Redis), and the
+        # database store continues from the record (run ids are unique per store).
+        monotonic = {name: Greatest(F(name), Value(fields[name])) for name in MONOTONIC_FIELDS}
+        if not rows.update(**{**fields, **monotonic}):
             DebounceKey.objects.using(self.alias).bulk_create(
                 [
                     DebounceKey(
