@@ -47,11 +47,9 @@ def recover() -> int:
 
 def registered_names() -> set[str]:
     """Celery names of the debounced tasks registered in this process."""
-    from celery import current_app
+    from django_debounce.tasks import registered_debounced_tasks
 
-    from django_debounce.tasks import DebouncedTask
-
-    return {name for name, task in current_app.tasks.items() if isinstance(task, DebouncedTask)}
+    return {task.name for task in registered_debounced_tasks()}
 
 
 def cancel_unregistered(keys: Any, *, dry_run: bool = False) -> tuple[int, int, list[str]]:

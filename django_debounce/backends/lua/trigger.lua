@@ -17,8 +17,8 @@ local grace = tonumber(ARGV[5])
 
 -- Hot path: a trigger that only merges into an open flight (see merge_until) reads eight
 -- fields, writes five, and replies with one status line of three numbers. A flight that
--- this trigger makes due before its outstanding message (max_wait from an early first trigger) takes the full path,
--- which publishes a message for the earlier time.
+-- this trigger makes due before its outstanding message (max_wait from an early first
+-- trigger) takes the full path, which publishes a message for the earlier time.
 local m = redis.call('HMGET', h, 'mu', 'p', 'ft', 'T', 'f', 'x', 'sa', 'd')
 local hot, due = (tonumber(m[1]) or 0) > now, 0
 if hot then
