@@ -18,14 +18,17 @@ pytestmark = pytest.mark.django_db(transaction=True)
 H = "e" * 64
 
 
-def trig(backend, payload, *, wait=0.3, key_hash=H):
+def trig(backend, payload, *, wait=0.3, key_hash=H, max_wait=None, **options):
+    """One trigger of the key ``H`` of testapp.record; ``options`` go to the store as they are
+    (``leading``, ``overlap``, ``now``, ...)."""
     return backend.trigger(
         task_name="testapp.record",
         key="edge",
         key_hash=key_hash,
         payload={"args": [payload], "kwargs": {}},
         wait=wait,
-        max_wait=None,
+        max_wait=max_wait,
+        **options,
     )
 
 
@@ -155,14 +158,7 @@ def test_a_trigger_that_makes_the_flight_due_before_its_message_publishes(store)
     backend = get_backend()
 
     def trigger(value):
-        return backend.trigger(
-            task_name="testapp.record",
-            key="edge",
-            key_hash=H,
-            payload={"args": [value], "kwargs": {}},
-            wait=0.2,
-            max_wait=0.2,
-        )
+        return trig(backend, value, wait=0.2, max_wait=0.2)
 
     _r, first, _u = trigger(1)
     time.sleep(0.25)
@@ -205,15 +201,7 @@ def test_abort_of_a_flight_opening_trigger_keeps_the_last_trigger_time(store):
     backend = get_backend()
 
     def trigger(value):
-        return backend.trigger(
-            task_name="testapp.record",
-            key="edge",
-            key_hash=H,
-            payload={"args": [value], "kwargs": {}},
-            wait=5,
-            max_wait=None,
-            leading=True,
-        )
+        return trig(backend, value, wait=5, leading=True)
 
     _a, leading, _undo = trigger("a")
     assert leading is not None and leading.countdown == 0
@@ -252,15 +240,8 @@ def test_a_lost_run_rejoining_a_flight_does_not_cut_a_newer_trigger_quiet_period
     t0 = timezone.now()
 
     def trigger(value, at):
-        return backend.trigger(
-            task_name="testapp.record",
-            key="edge",
-            key_hash=H,
-            payload={"args": [value], "kwargs": {}},
-            wait=2,
-            max_wait=3.5,
-            overlap=True,
-            now=t0 + timedelta(seconds=at),
+        return trig(
+            backend, value, wait=2, max_wait=3.5, overlap=True, now=t0 + timedelta(seconds=at)
         )
 
     trigger("a", 0)
@@ -376,16 +357,7 @@ def test_abort_after_a_retry_rejoined_the_flight_keeps_the_backoff(store):
     t0 = timezone.now()
 
     def trigger(value, at):
-        return backend.trigger(
-            task_name="testapp.record",
-            key="edge",
-            key_hash=H,
-            payload={"args": [value], "kwargs": {}},
-            wait=1,
-            max_wait=None,
-            overlap=True,
-            now=t0 + timedelta(seconds=at),
-        )
+        return trig(backend, value, wait=1, overlap=True, now=t0 + timedelta(seconds=at))
 
     def at(seconds):
         return t0 + timedelta(seconds=seconds)
