@@ -22,15 +22,41 @@ DEFAULTS: dict[str, Any] = {
     "ON_COMMIT": True,
     "ENABLED": True,
     "ADMIN_ENABLED": True,
-    # Minimum TTL in seconds of a key's state in Redis (refreshed by every write).
-    "REDIS_TTL": 86400,
-    # Seconds a dispatch message may be overdue before recovery publishes it again.
+    # The Redis store's own client (instead of the cache alias's): a redis:// URL, or a list
+    # of "host:port" startup nodes of a Redis Cluster.
+    "REDIS_URL": None,
+    "REDIS_CLUSTER": None,
+    # Prefix of every Redis key of the Redis store (two deployments may share one Redis).
+    "REDIS_PREFIX": "debounce",
+    # Seconds an idle key's state stays in Redis beyond max(wait, max_wait).
+    "REDIS_IDLE_TTL": 60,
+    # Seconds a dispatch message may wait unclaimed before the pump takes its flight again
+    # (with the same sequence number: a duplicate, never a second run).
     "DISPATCH_GRACE": 60,
-    # Seconds between recoveries in each worker (None or 0: only at worker start).
+    # The pump: every worker runs one in its main process (False: this worker runs none;
+    # `manage.py debounce_pump` runs one on its own).
+    "PUMP": True,
+    # Longest sleep of a pump between two looks at the due index, in seconds; a flight due
+    # within it of the step that makes it due is published at once with a countdown.
+    "PUMP_INTERVAL": 1.0,
+    # Entries one take of the pump handles at most.
+    "PUMP_BATCH": 500,
+    # Messages published and not yet claimed per queue above which a pump waits.
+    "PUMP_QUEUE_CAP": 1000,
+    # Deprecated: recovery is the pump's (see checks.W005).
     "RECOVERY_INTERVAL": 60,
-    # Seconds a worker waits in-process, per dispatch message, for a flight that became due
-    # a little later than its message (instead of publishing a new message). 0: never.
     "REARM_HOLD": 0.25,
+    "REDIS_TTL": 86400,
+}
+
+# Settings that no longer do anything, and what replaced them (system check W005).
+DEPRECATED: dict[str, str] = {
+    "RECOVERY_INTERVAL": "recovery is the pump's work (lost runs and lost messages are found "
+    "from the due index every pump tick); remove the setting",
+    "REARM_HOLD": "a flight whose due time moves later goes back to the due index instead of "
+    "a re-armed message; remove the setting",
+    "REDIS_TTL": "pending and running keys have no TTL (the due index finds them) and idle keys "
+    "leave Redis after DEBOUNCE_REDIS_IDLE_TTL; use that setting",
 }
 
 
@@ -83,11 +109,13 @@ DURATIONS: dict[str, bool] = {
     "DEFAULT_WAIT": False,
     "LEASE": False,
     "REDIS_TTL": False,
+    "REDIS_IDLE_TTL": False,
     "DISPATCH_GRACE": False,
     "RECOVERY_INTERVAL": True,
     "REARM_HOLD": False,
+    "PUMP_INTERVAL": False,
 }
-BOOLEANS = ("ON_COMMIT", "ENABLED", "ADMIN_ENABLED")
+BOOLEANS = ("ON_COMMIT", "ENABLED", "ADMIN_ENABLED", "PUMP")
 
 
 def seconds_of(name: str) -> float:

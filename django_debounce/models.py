@@ -185,6 +185,15 @@ class DebounceKey(models.Model):
             "batch); later triggers join it without delaying it."
         ),
     )
+    anchor_at = models.DateTimeField(
+        _("max_wait anchor"),
+        null=True,
+        blank=True,
+        help_text=_(
+            "Where max_wait of the open flight counts from: the last run's claim while the "
+            "stream of triggers goes on, else the flight's first trigger (as lodash's maxWait)."
+        ),
+    )
     attempt = models.PositiveIntegerField(
         _("attempt"),
         default=0,
@@ -201,6 +210,20 @@ class DebounceKey(models.Model):
     )
     run_attempt = models.PositiveIntegerField(
         _("attempt of live run"), default=0, help_text=_("Retries made before the live run.")
+    )
+    run_seq = models.PositiveBigIntegerField(
+        _("message of live run"),
+        default=0,
+        help_text=_(
+            "Sequence of the dispatch message that claimed the live run (0: claimed in "
+            "process): the lease keeper extends the lease of the run its message claimed."
+        ),
+    )
+    run_anchor_at = models.DateTimeField(
+        _("max_wait anchor of live run"),
+        null=True,
+        blank=True,
+        help_text=_("The max_wait anchor of the flight the live run claimed."),
     )
     running_until = models.DateTimeField(
         _("lease until"),
@@ -263,6 +286,15 @@ class DebounceKey(models.Model):
         default="database",
         help_text=_("Which store holds the live state: database, or redis (this row mirrors it)."),
     )
+    recheck_at = models.DateTimeField(
+        _("recheck at"),
+        null=True,
+        blank=True,
+        help_text=_(
+            "For a key whose live state is in Redis: when to compare this record with Redis if "
+            "no change reached it (a flight whose Redis state was lost is rebuilt from it)."
+        ),
+    )
     created_at = models.DateTimeField(
         _("created"), auto_now_add=True, help_text=_("First trigger ever.")
     )
@@ -280,10 +312,42 @@ class DebounceKey(models.Model):
             models.Index(fields=["state"], name="debounce_key_state"),
             models.Index(fields=["task_name", "state"], name="debounce_key_task_state"),
             models.Index(fields=["updated_at"], name="debounce_key_updated"),
+            # Records of keys held in Redis to compare with it (the other rows have none).
+            models.Index(
+                fields=["recheck_at"],
+                name="debounce_key_recheck",
+                condition=models.Q(recheck_at__isnull=False),
+            ),
         ]
 
     def __str__(self) -> str:
         return f"{self.task_name} {self.key}"
+
+
+class DebounceDue(models.Model):
+    """The database store's due index: one row per key that needs attention, at ``due_at``
+    (the open flight's due time; when its dispatch message counts as lost; a live run's
+    lease end). A narrow table of its own, so a merged trigger's update of the key row
+    changes no indexed column (PostgreSQL updates it in place)."""
+
+    key_hash = models.CharField(
+        _("key hash"),
+        max_length=64,
+        primary_key=True,
+        help_text=_("The key (DebounceKey.key_hash)."),
+    )
+    task_name = models.CharField(
+        _("task"), max_length=255, help_text=_("Celery name of the debounced task.")
+    )
+    due_at = models.DateTimeField(_("due at"), help_text=_("When the key next needs attention."))
+
+    class Meta:
+        verbose_name = _("due index entry")
+        verbose_name_plural = _("due index entries")
+        indexes = [models.Index(fields=["task_name", "due_at"], name="debounce_due_task_due")]
+
+    def __str__(self) -> str:
+        return f"{self.task_name} {self.key_hash[:12]} at {self.due_at}"
 
 
 class DebounceRun(models.Model):

@@ -18,20 +18,66 @@ class KeyState(str, enum.Enum):
 
 
 @dataclass(frozen=True)
-class Dispatch:
-    """A message the caller must publish, ``countdown`` seconds from now.
+class FlightOptions:
+    """A debounced task's configuration as the stores need it (durations in seconds).
 
-    ``kind="fire"``: the flight's dispatch message, fenced by ``seq``.
-    ``kind="watch"``: a watchdog for the lease of a live run; ``seq`` is then the lease end
-    it watches (integer microseconds), so only the current watchdog re-arms itself.
-    ``store`` names the store that issued it: ``"d"`` database, ``"r"`` redis.
+    ``wait``: quiet period; ``max_wait``: bound on how long a stream delays a run (``None``:
+    unbounded; never below ``wait``); ``leading``/``trailing``: lodash's edges; ``overlap``:
+    runs of one key may overlap; ``collect_limit``: collect mode (``None``: the payload is the
+    last trigger's) and most items per run; ``lease``: how long a claimed run may go without
+    finishing or having its lease extended before it counts as lost.
+    """
+
+    wait: float
+    max_wait: float | None = None
+    leading: bool = False
+    trailing: bool = True
+    overlap: bool = False
+    collect_limit: int | None = None
+    lease: float = 300.0
+
+    @property
+    def collect(self) -> bool:
+        """Whether triggers add items to a batch (``collect=True``)."""
+        return self.collect_limit is not None
+
+
+@dataclass(frozen=True)
+class Dispatch:
+    """A dispatch message to publish now, delivered ``countdown`` seconds later (at most the
+    pump interval: longer waits stay in the store's due index).
+
+    ``seq`` fences it (only the current sequence may claim); ``store`` names the store that
+    issued it (``"d"`` database, ``"r"`` redis); ``task_name`` is set by the pump's ``take``
+    (other steps publish for the task at hand).
     """
 
     key_hash: str
     seq: int
-    countdown: float
+    countdown: float = 0.0
     store: str = "d"
-    kind: str = "fire"
+    task_name: str = ""
+
+
+@dataclass(frozen=True)
+class Finish:
+    """How a run ended: ``ok``; else ``error`` (its text) and ``retry_in`` (seconds until the
+    retry, ``None`` for a final failure)."""
+
+    ok: bool
+    error: str = ""
+    retry_in: float | None = None
+
+
+@dataclass(frozen=True)
+class IndexStats:
+    """The due index of a store, for ``debounce_status`` and the metrics: ``depth`` (entries),
+    ``due`` (entries due now), ``oldest_due_age`` (seconds the oldest due entry is overdue,
+    0 when none is)."""
+
+    depth: int
+    due: int
+    oldest_due_age: float
 
 
 @dataclass(frozen=True)
@@ -85,7 +131,7 @@ class FireAction(str, enum.Enum):
     """What the worker does with a dispatch message (decided by the store)."""
 
     DROP = "drop"  # stale sequence, cancelled flight, nothing pending
-    REARM = "rearm"  # arrived before due_at: publish one new message for due_at
+    REARM = "rearm"  # arrived before due_at: back to the due index (or out again if due soon)
     WAIT = "wait"  # another run of the key is live: the finishing run schedules the flight
     CLAIM = "claim"  # run the body now
     MISSING = "missing"  # the store has no state for the key (e.g. Redis restarted empty)

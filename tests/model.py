@@ -1,40 +1,47 @@
-"""A pure reference model of one key's state machine (DESIGN.md section 4), for the property
-tests in ``test_properties.py``.
+"""A pure reference model of one key's state machine (docs/design.md, "The state machine" and
+"Dispatch at scale"), for the property test in ``tests/test_properties.py``.
 
 No I/O and no clock of its own: every operation takes ``now`` in integer microseconds (the
 fake clock of the test), and every duration is in microseconds too, so comparisons with the
-real stores are exact. The operations and their answers mirror ``BaseBackend``; the rules are
-those of the contract (the issue 4 brief), written once, as plainly as possible:
+real stores are exact. The operations and their answers mirror ``BaseBackend``; each store
+(``backends/lua/*.lua``, ``backends/database.py``) implements the same rules and names this
+file as its twin.
 
-- ``trigger``: recover a lost lease; open a flight (lodash edges: leading / trailing / dropped)
-  when nothing is pending; count the trigger; recompute ``due``; publish a flight message, or
-  only a lease watchdog while a run of the key is live and ``overlap`` is off.
-- ``abort_trigger``: take back a trigger whose message could not be published (I8): the key
-  is left as if the trigger had not been made.
-- ``fire``: fence stale messages; rearm early ones; wait for a live run; else claim (in collect
-  mode at most ``collect_limit`` items; the rest stay as the next flight).
-- ``finish``: ok / retry (the triggers go back to pending, with a backoff) / final failure;
-  then schedule what is pending.
-- ``watch``: the lease watchdog; ``heartbeat``; ``flush``; ``cancel``; ``recover``.
+Dispatch goes through the **due index**: every key that needs attention has one entry, scored
+by when it next needs it (``entry``, integer microseconds):
 
-A live run whose lease ran out (``running_until <= now``) is lost at the start of ``trigger``,
-``fire``, ``finish``, ``watch`` and ``recover``; its run id is appended to ``events`` so the
-test's ledger can follow it.
+- an open flight waiting for its due time (no message out): its ``due``;
+- a flight whose message is out (``taken``): when the message counts as lost and is taken
+  again (``taken_at + retake``);
+- a live run: its lease end (``running_until``), so a run whose worker died is found;
+- nothing to do: no entry.
 
-Where the brief's wording broke an invariant, or left a point open, the model settles it
-(and the stores were changed to match; see the commits on branch issue4-prop):
+Every operation but a plain merge (below) ends by putting the key's entry at that time
+(``_reindex``). A plain merge only moves ``due`` later (never earlier), so it leaves the entry
+where it is: an entry may be earlier than the key needs, never later, and ``take`` moves an
+early one to the right time without publishing anything.
 
-- a later trigger never makes an open flight due earlier than it was (I3: a lost or retried
-  run that rejoins a flight brings an older first trigger, and first + max_wait would
-  otherwise cut short the due time already given to newer triggers);
-- ``heartbeat`` at exactly the lease end fails, as every other operation counts the run lost;
-- ``abort_trigger`` that closes the flight puts back the key's last trigger time (I8: the
-  next trigger's edge depends on it); when nothing came after the aborted trigger, collected
-  items lose only its own item and a retry backoff that began since is kept; when triggers
-  merged meanwhile, its item goes only if the flight still holds one item per pending trigger
-  (otherwise a merged trigger may have sent it again, and it stays: a run too many rather
-  than a trigger lost, I1);
-- ``cancel`` clears the key's last trigger time, as lodash's ``cancel()`` does (both stores).
+Messages: ``take`` (the pump) publishes one message per due flight with a fresh sequence
+number and marks it taken; a flight due within ``direct`` of the step that makes it due (a
+leading edge, ``wait=0``, a flush, a follow-up) is marked taken by that step and published by
+its caller straight away with a short countdown, so no message waits long in the broker. A
+taken flight whose message is not claimed within ``retake`` is taken again with the **same**
+sequence number (a message that is only slow in a busy queue is then one duplicate, dropped
+on arrival, never a second run). ``release`` puts a flight whose message could not be
+published back in the index.
+
+Sequence numbers are ``max(seq + 1, now)``: time-based, so a key whose state was dropped
+(idle keys leave Redis) and created again issues numbers above every earlier one (I5).
+
+A live run whose lease ran out (``running_until <= now``) is lost at the start of every
+operation but ``heartbeat``, ``flush`` and ``cancel``; its run id is appended to ``events`` so
+the test's ledger can follow it.
+
+Edges are lodash's (``debounce``/``throttle``, lodash 4.17.21): a leading edge when the key's
+last trigger is ``wait`` or more ago, or its last run's claim ``max_wait`` or more ago;
+``max_wait`` counts from the flight's **anchor**: the last run's claim while the stream goes
+on (lodash's ``lastInvokeTime``), else the flight's first trigger; ``cancel`` clears the last
+trigger time whatever the state (lodash's ``cancel()``), so the next trigger leads.
 """
 
 from __future__ import annotations
@@ -82,12 +89,11 @@ class Config:
 
 @dataclass(frozen=True)
 class Msg:
-    """A message the caller must publish: ``kind="fire"`` (``seq`` is the fencing sequence of
-    the model, counted from 0) or ``kind="watch"`` (``seq`` is the lease end it watches)."""
+    """A message the caller must publish now: ``seq`` fences it, ``countdown`` (microseconds,
+    at most ``direct``) delays it in the broker."""
 
     seq: int
     countdown: int
-    kind: str = "fire"
 
 
 @dataclass(frozen=True)
@@ -95,7 +101,7 @@ class TriggerOut:
     flight_id: int
     pending: int
     due_at: int | None
-    scheduled: bool
+    scheduled: bool  # this trigger made the flight's message go out (a direct publish)
 
 
 @dataclass(frozen=True)
@@ -120,26 +126,31 @@ class FireOut:
 
 @dataclass
 class KeyModel:
-    """The state of one key. ``grace`` is DEBOUNCE_DISPATCH_GRACE in microseconds."""
+    """The state of one key. ``retake`` is DEBOUNCE_DISPATCH_GRACE and ``direct`` the pump
+    interval (DEBOUNCE_PUMP_INTERVAL), both in microseconds."""
 
     cfg: Config
-    grace: int
+    retake: int
+    direct: int
     exists: bool = False
     pending: int = 0
     flight_id: int = 0
     first: int | None = None
     last: int | None = None
+    anchor: int | None = None
     due: int | None = None
     payload: Any = None
     seq: int = 0
-    scheduled: bool = False
-    scheduled_at: int | None = None
-    watchdog_at: int | None = None
+    taken: bool = False
+    taken_at: int | None = None  # when the message is meant to arrive (publish time + countdown)
+    entry: int | None = None
     run_id: int = 0
+    run_seq: int = 0
     running_until: int | None = None
     run_triggers: int = 0
     run_payload: Any = None
     run_first: int | None = None
+    run_anchor: int | None = None
     run_attempt: int = 0
     attempt: int = 0
     not_before: int | None = None
@@ -149,32 +160,54 @@ class KeyModel:
     runs: int = 0
     merged: int = 0
     cancelled: int = 0
-    # not part of the contract's state: how many triggers were ever made (the abort rule's
-    # "no trigger came after it"), and run ids lost since the caller last looked
-    made: int = 0
+    # not part of the contract's state: run ids lost since the caller last looked
     events: list[int] = field(default_factory=list)
 
     # -- helpers --------------------------------------------------------------------------
 
-    def _schedule(self, at: int, now: int) -> Msg:
-        self.seq += 1
-        self.scheduled = True
-        self.scheduled_at = at
-        return Msg(self.seq, max(at - now, 0))
+    def _next_seq(self, now: int) -> int:
+        self.seq = max(self.seq + 1, now)
+        return self.seq
 
-    def _watchdog(self, now: int) -> Msg | None:
-        if self.running_until is None:
-            return None
-        if self.watchdog_at is not None and self.watchdog_at > now:
-            return None
-        self.watchdog_at = self.running_until
-        return Msg(self.running_until, self.running_until - now, "watch")
+    def _live(self) -> bool:
+        return self.running_until is not None
+
+    def _attention(self) -> int | None:
+        """When the key next needs attention (the entry's score), ``None`` for never."""
+        times = []
+        if self.running_until is not None:
+            times.append(self.running_until)
+        if self.pending and (self.running_until is None or self.cfg.overlap):
+            if self.taken:
+                assert self.taken_at is not None
+                times.append(self.taken_at + self.retake)
+            else:
+                assert self.due is not None
+                times.append(self.due)
+        return min(times) if times else None
+
+    def _reindex(self) -> None:
+        self.entry = self._attention()
+
+    def _schedule(self, at: int, now: int) -> Msg | None:
+        """The flight is due at ``at``: within ``direct`` of now its message goes out at once
+        (marked taken, returned for the caller to publish); otherwise it waits in the index."""
+        if at - now <= self.direct:
+            seq = self._next_seq(now)
+            self.taken = True
+            self.taken_at = max(at, now)
+            return Msg(seq, max(at - now, 0))
+        self.taken = False
+        self.taken_at = None
+        return None
 
     def _end_run(self) -> None:
         self.running_until = None
+        self.run_seq = 0
         self.run_triggers = 0
         self.run_payload = None
         self.run_first = None
+        self.run_anchor = None
         self.run_attempt = 0
 
     def _unclaim(self, now: int) -> None:
@@ -184,27 +217,33 @@ class KeyModel:
         if self.pending == 0:
             self.flight_id += 1
             self.first = self.run_first
+            self.anchor = self.run_anchor
             self.last = self.last if self.last is not None else self.run_first
             self.payload = copy.deepcopy(self.run_payload)
             self.due = now
             self.due_fixed = False
+            self.taken = False
+            self.taken_at = None
         else:
             assert self.first is not None and self.run_first is not None
             self.first = min(self.first, self.run_first)
+            assert self.anchor is not None and self.run_anchor is not None
+            self.anchor = min(self.anchor, self.run_anchor)
             if self.cfg.collect:
                 self.payload = union(self.run_payload or [], self.payload or [])
         self.pending += claimed
         self.attempt = max(self.attempt, self.run_attempt)
         self._end_run()
 
-    def _recover_lease(self, now: int) -> None:
+    def _recover_lease(self, now: int) -> bool:
         if self.running_until is None or self.running_until > now:
-            return
+            return False
         lost = self.run_id
         attempt = self.run_attempt
         self._unclaim(now)
         self.attempt = max(self.attempt, attempt + 1)  # a lost run counts as an attempt
         self.events.append(lost)
+        return True
 
     def _edge(self, now: int) -> str:
         cfg = self.cfg
@@ -217,36 +256,65 @@ class KeyModel:
                 return "leading"
         return "trailing" if cfg.trailing else "drop"
 
+    def _anchor(self, now: int) -> int:
+        """Where ``max_wait`` of a flight opened now counts from (lodash's lastInvokeTime):
+        the last run's claim while the stream goes on, else now."""
+        cfg = self.cfg
+        if (
+            cfg.max_wait is not None
+            and self.last is not None
+            and now - self.last < cfg.wait
+            and self.last_run_at is not None
+            and now - self.last_run_at < cfg.max_wait
+        ):
+            return self.last_run_at
+        return now
+
+    def is_plain_merge(self, now: int) -> bool:
+        """A trigger the stores' hot paths take: it only joins an open flight (no edge, no
+        lost lease to recover, not collecting) and moves nothing in the index."""
+        if self.cfg.collect or self.pending == 0:
+            return False
+        return self.running_until is None or self.running_until > now
+
     # -- operations -----------------------------------------------------------------------
 
-    def trigger(self, now: int, payload: Any) -> tuple[TriggerOut, Msg | None, dict[str, Any]]:
+    def trigger(self, now: int, payload: Any) -> tuple[TriggerOut, Msg | None]:
         cfg = self.cfg
         self.exists = True
+        if self.is_plain_merge(now):
+            assert self.due is not None and self.anchor is not None
+            self.pending += 1
+            self.triggers += 1
+            self.last = now
+            self.payload = payload
+            if not self.due_fixed:
+                due = now + cfg.wait
+                if cfg.max_wait is not None:
+                    due = min(due, self.anchor + cfg.max_wait)
+                self.due = max(due, self.due)
+            if self.not_before is not None:
+                self.due = max(self.due, self.not_before)
+            return TriggerOut(self.flight_id, self.pending, self.due, False), None
         self._recover_lease(now)
-        self.made += 1
-        undo: dict[str, Any] = {
-            "opened": self.pending == 0,
-            "payload": copy.deepcopy(self.payload),
-            "last": self.last,
-            "due": self.due,
-            "due_fixed": self.due_fixed,
-            "made": self.made,
-            "added": False,
-            "item": payload,
-        }
-        if self.pending == 0:
+        opened = self.pending == 0
+        if opened:
             edge = self._edge(now)
             if edge == "drop":
                 self.triggers += 1
                 self.cancelled += 1
                 self.last = now
-                return TriggerOut(self.flight_id, 0, None, False), None, undo
+                self._reindex()
+                return TriggerOut(self.flight_id, 0, None, False), None
             self.flight_id += 1
             self.first = now
+            self.anchor = self._anchor(now)
             self.payload = [] if cfg.collect else None
             self.due_fixed = edge == "leading"
             self.attempt = 0
             self.not_before = None
+            self.taken = False
+            self.taken_at = None
         self.pending += 1
         self.triggers += 1
         self.last = now
@@ -256,22 +324,21 @@ class KeyModel:
             items = list(self.payload or [])
             if canon(payload) not in {canon(i) for i in items}:
                 items.append(payload)
-                undo["added"] = True
             self.payload = items
             full = len(items) >= cfg.collect_limit
         else:
             self.payload = payload
-        if self.due_fixed and not undo["opened"]:
+        if self.due_fixed and not opened:
             assert self.due is not None
             due = self.due
         elif self.due_fixed or full:
             due = now
         else:
-            assert self.first is not None
+            assert self.anchor is not None
             due = now + cfg.wait
             if cfg.max_wait is not None:
-                due = min(due, self.first + cfg.max_wait)
-            if not undo["opened"] and self.due is not None:
+                due = min(due, self.anchor + cfg.max_wait)
+            if not opened and self.due is not None:
                 # never earlier than the due time given to the flight's earlier triggers (I3):
                 # a lost or retried run that rejoined it brought an older first trigger
                 due = max(due, self.due)
@@ -281,60 +348,44 @@ class KeyModel:
             due = self.not_before
         self.due = due
         dispatch = None
-        if self.running_until is not None and not cfg.overlap:
-            dispatch = self._watchdog(now)
-        elif (
-            not self.scheduled
-            or (self.scheduled_at is not None and self.scheduled_at + self.grace < now)
-            or (self.scheduled_at is not None and self.scheduled_at > due)
-        ):
+        if self._live() and not cfg.overlap:
+            pass  # the finishing run schedules the flight; the lease end is in the index
+        elif not self.taken or (self.taken_at is not None and self.taken_at > due):
+            # no message out, or the one out is for a later time (a collected flight that
+            # became full): the flight is scheduled anew
             dispatch = self._schedule(due, now)
-        out = TriggerOut(
-            self.flight_id, self.pending, self.due, dispatch is not None and dispatch.kind == "fire"
-        )
-        return out, dispatch, undo
+        self._reindex()
+        return TriggerOut(self.flight_id, self.pending, self.due, dispatch is not None), dispatch
 
-    def abort_trigger(self, seq: int, undo: dict[str, Any], kind: str) -> bool:
-        """Returns whether the trigger was taken back (its message still the current one)."""
-        if not self.exists or self.pending == 0:
+    def take(self, now: int) -> tuple[Msg | None, bool]:
+        """The pump found the key's entry due (``entry <= now``): publish its flight's message
+        when the flight is due (a fresh sequence, or the same one again when the message out
+        was not claimed within ``retake``), recover a lost lease, or move an early entry to
+        the time the key needs. Returns ``(message, re-taken)``."""
+        assert self.entry is not None and self.entry <= now
+        self._recover_lease(now)
+        msg, again = None, False
+        if self.pending and (not self._live() or self.cfg.overlap):
+            assert self.due is not None
+            if self.due <= now:
+                if self.taken:
+                    again = True
+                else:
+                    self._next_seq(now)
+                self.taken = True
+                self.taken_at = now
+                msg = Msg(self.seq, 0)
+        self._reindex()
+        return msg, again
+
+    def release(self, now: int, seq: int) -> bool:
+        """The message ``seq`` could not be published: the flight goes back to the index at
+        its due time (the next take publishes it). Returns whether it applied."""
+        if not self.exists or not self.taken or self.seq != seq:
             return False
-        if kind == "watch":
-            if self.watchdog_at != seq:
-                return False
-            self.watchdog_at = None
-        else:
-            if self.seq != seq or not self.scheduled:
-                return False
-            self.scheduled = False
-            self.scheduled_at = None
-        self.pending -= 1
-        self.triggers -= 1
-        if self.pending == 0:
-            # the flight closes; the key is as before the trigger (I8), its last trigger time
-            # included (the next trigger's edge depends on it)
-            if undo["opened"]:
-                self.flight_id -= 1
-            self.first = self.due = None
-            self.payload = None
-            self.due_fixed = False
-            self.last = undo["last"]
-        elif self.made == undo["made"] and undo["due"] is not None:
-            # no trigger came after it: the flight is as it was before it (collected items:
-            # only its own goes, as runs that rejoined the flight since may have added some)
-            if not self.cfg.collect:
-                self.payload = copy.deepcopy(undo["payload"])
-            elif undo["added"]:
-                self.payload = [i for i in self.payload or [] if canon(i) != canon(undo["item"])]
-            self.last = undo["last"]
-            self.due = undo["due"]
-            if self.not_before is not None:  # a retry's backoff that began since
-                self.due = max(self.due, self.not_before)
-            self.due_fixed = undo["due_fixed"]
-        elif undo["added"] and self.cfg.collect and len(self.payload or []) == self.pending + 1:
-            # later triggers merged meanwhile, each with an item of its own (one item per
-            # pending trigger), so none of them sent this item again: it goes. Otherwise one
-            # may have, and the item stays: a run too many rather than a trigger lost (I1).
-            self.payload = [i for i in self.payload or [] if canon(i) != canon(undo["item"])]
+        self.taken = False
+        self.taken_at = None
+        self._reindex()
         return True
 
     def fire(self, now: int, seq: int | None) -> FireOut:
@@ -342,19 +393,27 @@ class KeyModel:
         if not self.exists:
             return FireOut("missing")
         self._recover_lease(now)
-        if seq is not None and (seq != self.seq or not self.scheduled):
+        if seq is not None and (seq != self.seq or not self.taken):
+            self._reindex()
             return FireOut("drop")
         if self.pending == 0:
-            self.scheduled = False
+            self.taken = False
+            self.taken_at = None
+            self._reindex()
             return FireOut("drop")
-        if self.due is None:
-            self.due = now
+        assert self.due is not None
         if now < self.due:
-            return FireOut("rearm", dispatch=self._schedule(self.due, now))
-        if self.running_until is not None and not cfg.overlap:
-            self.scheduled = False
-            self.scheduled_at = None
-            return FireOut("wait", dispatch=self._watchdog(now))
+            # early (the flight moved later after its message went out): back to the index,
+            # or out again at once when due within `direct`
+            msg = self._schedule(self.due, now)
+            self._reindex()
+            return FireOut("rearm", dispatch=msg)
+        if self._live() and not cfg.overlap:
+            # the finishing run schedules this flight; the live run's lease end is indexed
+            self.taken = False
+            self.taken_at = None
+            self._reindex()
+            return FireOut("wait")
         # claim
         self.run_id += 1
         payload, rest = self.payload, None
@@ -374,16 +433,18 @@ class KeyModel:
             attempt=self.attempt,
         )
         self.running_until = now + cfg.lease
+        self.run_seq = seq or 0
         self.run_triggers = claimed
         self.run_payload = copy.deepcopy(payload)
         self.run_first = self.first
+        self.run_anchor = self.anchor
         self.run_attempt = self.attempt
         self.runs += 1
         self.merged += claimed - 1
         self.attempt = 0
         self.not_before = None
-        self.scheduled = False
-        self.scheduled_at = None
+        self.taken = False
+        self.taken_at = None
         self.last_run_at = now
         follow = None
         if rest:
@@ -401,8 +462,10 @@ class KeyModel:
             self.pending = 0
             self.payload = None
             self.first = None
+            self.anchor = None
             self.due = None
             self.due_fixed = False
+        self._reindex()
         return FireOut("claim", dispatch=follow, claim=claim)
 
     def current(self, run_id: int) -> bool:
@@ -411,14 +474,16 @@ class KeyModel:
     def finish(self, now: int, run_id: int, *, ok: bool, retry_in: int | None) -> Msg | None:
         if not self.exists:
             return None
-        lost = self.running_until is not None and self.running_until <= now
-        self._recover_lease(now)
+        lost = self._recover_lease(now)
         if not self.current(run_id):
             # a late finisher after its lease ran out changes nothing; when it recovered the
-            # lost run itself, it publishes that flight's message
-            if lost and self.pending and self.running_until is None and not self.scheduled:
-                return self._schedule(max(self.due if self.due is not None else now, now), now)
-            return None
+            # lost run itself, it schedules that flight
+            msg = None
+            if lost and self.pending and not self._live() and not self.taken:
+                assert self.due is not None
+                msg = self._schedule(max(self.due, now), now)
+            self._reindex()
+            return msg
         if not ok and retry_in is not None:
             attempt = self.run_attempt + 1
             self._unclaim(now)
@@ -428,90 +493,72 @@ class KeyModel:
             self.due_fixed = False
         else:
             self._end_run()
+        msg = None
         if self.pending:
-            at = max(self.due if self.due is not None else now, now)
-            if not self.scheduled or self.scheduled_at is None or self.scheduled_at > at:
-                return self._schedule(at, now)
-        return None
-
-    def watch(self, now: int, at: int) -> Msg | None:
-        if not self.exists:
-            return None
-        self._recover_lease(now)
-        current = self.watchdog_at is None or self.watchdog_at == at or self.watchdog_at <= now
-        if self.running_until is not None:
-            if current:
-                self.watchdog_at = None
-                return self._watchdog(now)
-            return None
-        if current:
-            self.watchdog_at = None
-        if self.pending and not self.scheduled:
-            return self._schedule(max(self.due if self.due is not None else now, now), now)
-        return None
+            assert self.due is not None
+            at = max(self.due, now)
+            if not self.taken or (self.taken_at is not None and self.taken_at > at):
+                msg = self._schedule(at, now)
+        self._reindex()
+        return msg
 
     def heartbeat(self, now: int, run_id: int, lease: int) -> bool:
+        """Extend run ``run_id``'s lease to ``now + lease`` (a lease that ran out is not)."""
         if not self.exists or not self.current(run_id):
             return False
         assert self.running_until is not None
         if self.running_until <= now:
             return False  # the lease ran out: the run is lost, whoever looks next
         self.running_until = now + lease
+        self._reindex()
         return True
+
+    def extend(self, now: int, seq: int, lease: int) -> int | None:
+        """The lease keeper: extend the live run claimed by message ``seq``; returns the new
+        lease end, or ``None`` when that run is not the live one (lost, or finished)."""
+        if not self.exists or self.running_until is None or self.run_seq != seq or not seq:
+            return None
+        if self.running_until <= now:
+            return None
+        self.running_until = now + lease
+        self._reindex()
+        return self.running_until
 
     def flush(self, now: int) -> Msg | None:
         if not self.exists or self.pending == 0:
             return None
         self.due = now
         self.not_before = None
-        return self._schedule(now, now)
+        msg = None
+        if self._live() and not self.cfg.overlap:
+            self.taken = False
+            self.taken_at = None
+        else:
+            msg = self._schedule(now, now)
+        self._reindex()
+        return msg
 
     def cancel(self, now: int) -> int:
-        if not self.exists or self.pending == 0:
+        if not self.exists:
             return 0
+        # as lodash's cancel(): the next trigger starts a new burst (a leading edge)
+        self.last = None
         dropped = self.pending
-        self.cancelled += dropped
-        self.pending = 0
-        self.payload = None
-        self.first = self.last = self.due = None
-        self.due_fixed = False
-        self.attempt = 0
-        self.not_before = None
-        self.seq += 1  # any outstanding message is now stale
-        self.scheduled = False
-        self.scheduled_at = None
+        if dropped:
+            self.cancelled += dropped
+            self.pending = 0
+            self.payload = None
+            self.first = self.anchor = self.due = None
+            self.due_fixed = False
+            self.attempt = 0
+            self.not_before = None
+            self._next_seq(now)  # any message out is now stale
+            self.taken = False
+            self.taken_at = None
+        self._reindex()
         return dropped
 
-    def recover(self, now: int, grace: int) -> Msg | None:
-        if not self.exists:
-            return None
-        self._recover_lease(now)
-        overdue = (
-            self.scheduled and self.scheduled_at is not None and self.scheduled_at + grace < now
-        )
-        if self.pending and self.running_until is None and (not self.scheduled or overdue):
-            return self._schedule(max(self.due if self.due is not None else now, now), now)
-        return None
-
     # -- views ----------------------------------------------------------------------------
-
-    def merge_until(self) -> int | None:
-        """Until when a trigger of this key would be a plain merge (no edge, no new message,
-        no lost lease, no backoff or fixed due time to apply, not collecting): the latest
-        "merge until" a store may keep for its hot path (``None``: no hot path)."""
-        if self.pending == 0 or self.due_fixed or self.not_before is not None:
-            return None
-        if self.cfg.collect:
-            return None
-        if self.running_until is None:
-            return self.scheduled_at + self.grace if self.scheduled_at and self.scheduled else None
-        if self.cfg.overlap:
-            if self.scheduled and self.scheduled_at is not None:
-                return min(self.scheduled_at + self.grace, self.running_until)
-            return None
-        if self.watchdog_at is not None:
-            return min(self.running_until, self.watchdog_at)
-        return None
 
     def is_due(self, now: int) -> bool:
         return self.pending > 0 and self.due is not None and self.due <= now
@@ -542,16 +589,18 @@ class KeyModel:
             "flight_id": self.flight_id,
             "first": self.first,
             "last": self.last,
+            "anchor": self.anchor if self.pending else None,
             "due": self.due,
             "payload": (self.payload or []) if collect else self.payload,
             "due_fixed": self.due_fixed,
             "attempt": self.attempt,
             "not_before": self.not_before,
             "seq": self.seq,
-            "scheduled": self.scheduled,
-            "scheduled_at": self.scheduled_at if self.scheduled else None,
-            "watchdog_at": self.watchdog_at,
+            "taken": self.taken,
+            "taken_at": self.taken_at if self.taken else None,
+            "entry": self.entry,
             "run_id": self.run_id,
+            "run_seq": self.run_seq if self.running_until is not None else 0,
             "running_until": self.running_until,
             "run_triggers": self.run_triggers,
             "run_payload": (self.run_payload or []) if collect else self.run_payload,

@@ -1,23 +1,30 @@
-"""The Redis store: one Lua script per operation, one round trip per trigger.
+"""The Redis store: one Lua script per operation, one round trip per trigger, and the due index
+in sorted sets (docs/design.md, "The Redis layout").
 
-State of a key is one hash, ``debounce:{<key hash>}``: the braces make it a Redis Cluster
-hash tag, so every key a script touches is in one slot. Times come from Redis ``TIME`` (in
-integer microseconds); every write refreshes a TTL (``DEBOUNCE_REDIS_TTL``, and never less
-than the state still needs), so no counter is immortal, even after a crash between steps.
+Every Redis key of a debounce key lives under its shard's hash tag, ``<prefix>{<shard>}:``,
+with a fixed number of shards (``SHARDS``): a script touches one slot, and a Redis Cluster
+spreads the shards over its nodes. The state of a key is one hash whose zero fields are left
+out; its due index entry is in the sorted set of its shard and task. Pending and running keys
+have no TTL (the index finds them); an idle key's hash expires ``DEBOUNCE_REDIS_IDLE_TTL``
+seconds after ``max(wait, max_wait)``.
 
-The database keeps the durable record the admin reads: the ``DebounceKey`` row is written
-on flight transitions only (flight opened, run claimed, run finished, cancel, recovery),
-never per merged trigger; ``DebounceRun`` rows are written at claim and finish.
-The connection is that of a django-redis cache alias (``DEBOUNCE_CACHE_ALIAS``).
+The database keeps the durable record: the ``DebounceKey`` row is written when a flight opens
+(by the trigger), and from the records the scripts append at claim, finish and lost runs
+(``recorder.py``, in the workers' main processes, in batches): never per merged trigger.
+
+The client is that of ``DEBOUNCE_REDIS_URL`` or ``DEBOUNCE_REDIS_CLUSTER`` (redis-py's
+``RedisCluster``) when set, else that of the django-redis cache ``DEBOUNCE_CACHE_ALIAS``.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import os
 import threading
-import time
+from collections import defaultdict
+from collections.abc import Sequence
 from datetime import datetime
 from datetime import timezone as dt_timezone
 from functools import cached_property
@@ -26,44 +33,71 @@ from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
-from django.db import DatabaseError, router, transaction
-from django.db.models import F, Value
-from django.db.models.functions import Greatest
-from django.utils import timezone
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from django_debounce import conf
-from django_debounce.backends.base import BaseBackend
-from django_debounce.models import DebounceKey, DebounceRun
-from django_debounce.state import Claim, Dispatch, FireAction, FireDecision, TriggerResult
+from django_debounce.backends import record
+from django_debounce.backends.base import BaseBackend, Taken
+from django_debounce.state import (
+    Claim,
+    Dispatch,
+    FireAction,
+    FireDecision,
+    FlightOptions,
+    IndexStats,
+    TriggerResult,
+)
 
 logger = logging.getLogger("django_debounce")
 
 US = 1_000_000
+SHARDS = 16
+SHORT_KEY = 40  # characters of the readable key kept in the hash, for monitoring
 OPERATIONS = (
     "trigger",
-    "abort",
     "fire",
     "finish",
     "heartbeat",
+    "extend",
     "flush",
     "cancel",
-    "recover",
-    "watch",
+    "take",
+    "release",
 )
-
-
-# Record fields that count up: a snapshot never lowers them (see ``_write_record``).
-MONOTONIC_FIELDS = (
-    "run_id",
+# The reply of trigger.lua's full path and of fire.lua's claim, by position (the scripts'
+# headers list the same names).
+TRIGGER_REPLY = (
     "flight_id",
-    "scheduled_seq",
+    "pending",
+    "due",
+    "seq",
+    "countdown",
+    "opened",
+    "lost",
     "triggers",
     "runs",
     "merged",
     "cancelled",
+    "run_id",
+    "now",
+)
+CLAIM_REPLY = (
+    "action",
+    "lost",
+    "run_id",
+    "flight_id",
+    "claimed",
+    "payload",
+    "first",
+    "last",
+    "due",
+    "now",
+    "attempt",
+    "follow_seq",
+    "follow_countdown",
+    "short_key",
 )
 
 
@@ -82,16 +116,25 @@ def _s(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def redis_key(key_hash: str) -> str:
-    """The Redis key holding the state of ``key_hash`` (hash-tagged for Redis Cluster)."""
-    return f"debounce:{{{key_hash}}}"
+def _now(now: datetime | None) -> int:
+    """ARGV[1] of every script: the time override in microseconds, 0 for Redis ``TIME``."""
+    return _us(now) if now is not None else 0
 
 
-def redis_keys(key_hash: str) -> list[str]:
-    """Every Redis key of ``key_hash``: the state hash, then the sorted sets of collected
-    items (pending, and claimed by the live run). One hash slot."""
-    base = redis_key(key_hash)
-    return [base, base + ":c", base + ":r"]
+def key_id(key_hash: str) -> str:
+    """The id of a key in Redis: its SHA-256 (64 hex digits) in unpadded base64url, 43
+    characters (the index holds one per pending key: 21 bytes fewer than hex)."""
+    return base64.urlsafe_b64encode(bytes.fromhex(key_hash)).rstrip(b"=").decode()
+
+
+def key_hash_of(key_id_: str) -> str:
+    """The key hash (64 hex digits) of a Redis key id."""
+    return base64.urlsafe_b64decode(key_id_ + "=").hex()
+
+
+def shard_of(key_hash: str) -> int:
+    """The shard of a key hash: its first 16 bits modulo ``SHARDS``."""
+    return int(key_hash[:4], 16) % SHARDS
 
 
 def _pack(parts: list[bytes]) -> bytes:
@@ -99,38 +142,101 @@ def _pack(parts: list[bytes]) -> bytes:
     return b"".join(b"$%d\r\n%s\r\n" % (len(p), p) for p in parts)
 
 
-def _now(now: datetime | None) -> int:
-    """ARGV[1] of every script: the time override in microseconds, 0 for Redis ``TIME``."""
-    return _us(now) if now is not None else 0
+def short_key(key: str, task_name: str) -> str:
+    """The readable key kept in the hash for monitoring: ``''`` for a task's default key
+    (the task name and its arguments: the index key and ``pl`` show them), else the key,
+    cut to ``SHORT_KEY`` characters with a trailing ``…`` when longer."""
+    if key.startswith(task_name + ":{"):
+        return ""
+    return key if len(key) <= SHORT_KEY else key[: SHORT_KEY - 1] + "…"
+
+
+def idle_ttl_ms(options: FlightOptions) -> int:
+    """Milliseconds an idle key's hash stays: the lodash edge of its next trigger still needs
+    its last trigger and last run for ``max(wait, max_wait)``."""
+    horizon = max(options.wait, options.max_wait or 0.0)
+    return int((horizon + conf.seconds_of("REDIS_IDLE_TTL")) * 1000) + 1
+
+
+def registered_options() -> dict[str, FlightOptions]:
+    """Task name -> options of every debounced task registered in this process."""
+    from django_debounce.tasks import registered_debounced_tasks
+
+    return {task.name: task.flight_options() for task in registered_debounced_tasks()}
 
 
 class RedisBackend(BaseBackend):
-    """Lua-scripted store on the connection of a django-redis cache alias."""
+    """Lua-scripted store on a redis-py client (standalone, Sentinel or Cluster)."""
 
     name = "redis"
     store = "r"
 
+    # -- connection and scripts -------------------------------------------------------------
+
     @cached_property
     def client(self) -> Any:
-        """The redis-py client of the django-redis cache ``DEBOUNCE_CACHE_ALIAS``.
+        """The redis-py client: ``DEBOUNCE_REDIS_CLUSTER`` (a ``RedisCluster``),
+        ``DEBOUNCE_REDIS_URL``, else the django-redis cache ``DEBOUNCE_CACHE_ALIAS``.
 
-        Raises ``ImproperlyConfigured`` when that cache is not a django-redis cache.
+        Raises ``ImproperlyConfigured`` when none of them gives a client.
         """
+        cluster = conf.get("REDIS_CLUSTER")
+        if cluster:
+            from redis.cluster import ClusterNode, RedisCluster
+
+            if isinstance(cluster, str):
+                return RedisCluster.from_url(cluster)
+            nodes = []
+            for node in cluster:
+                host, _, port = str(node).rpartition(":")
+                nodes.append(ClusterNode(host or "127.0.0.1", int(port)))
+            return RedisCluster(startup_nodes=nodes)
+        url = conf.get("REDIS_URL")
+        if url:
+            import redis
+
+            return redis.Redis.from_url(url)
         alias = conf.get("CACHE_ALIAS")
         backend = settings.CACHES.get(alias, {}).get("BACKEND", "")
         if not backend.startswith("django_redis."):
             raise ImproperlyConfigured(
-                f"DEBOUNCE_BACKEND='redis' needs DEBOUNCE_CACHE_ALIAS={alias!r} to be a "
-                f"django-redis cache (django_redis.cache.RedisCache), not {backend!r}. "
-                "Configure one, or use DEBOUNCE_BACKEND='auto' or 'database'."
+                f"DEBOUNCE_BACKEND='redis' needs DEBOUNCE_REDIS_URL, DEBOUNCE_REDIS_CLUSTER, or "
+                f"DEBOUNCE_CACHE_ALIAS={alias!r} to be a django-redis cache "
+                f"(django_redis.cache.RedisCache), not {backend!r}. Configure one, or use "
+                "DEBOUNCE_BACKEND='auto' or 'database'."
             )
         from django_redis import get_redis_connection
 
         return get_redis_connection(alias)
 
     @cached_property
+    def cluster(self) -> bool:
+        """Whether the client is a Redis Cluster client."""
+        from redis.cluster import RedisCluster
+
+        return isinstance(self.client, RedisCluster)
+
+    @cached_property
+    def prefix(self) -> str:
+        """The prefix of every Redis key of this store (``DEBOUNCE_REDIS_PREFIX``)."""
+        value = conf.get("REDIS_PREFIX")
+        if not isinstance(value, str) or not value or "{" in value or "}" in value:
+            raise ImproperlyConfigured(
+                f"DEBOUNCE_REDIS_PREFIX must be a non-empty str without braces, got {value!r}."
+            )
+        return value
+
+    def shard_prefix(self, shard: int) -> str:
+        """``<prefix>{<shard>}:``: every Redis key of the shard starts with it."""
+        return f"{self.prefix}{{{shard}}}:"
+
+    def state_key(self, key_hash: str) -> str:
+        """The hash holding the state of ``key_hash``."""
+        return self.shard_prefix(shard_of(key_hash)) + key_id(key_hash)
+
+    @cached_property
     def scripts(self) -> dict[str, Any]:
-        """Scripts are registered once; redis-py calls them by SHA and reloads on NOSCRIPT."""
+        """Scripts are registered once; they are called by SHA and loaded again on NOSCRIPT."""
         lua = resources.files("django_debounce.backends") / "lua"
         common = (lua / "common.lua").read_text()
         scripts = {}
@@ -159,7 +265,7 @@ class RedisBackend(BaseBackend):
             redis.BlockingConnectionPool,
         ):
             return None
-        self._tails: dict[tuple[Any, ...], tuple[bytes, bytes]] = {}
+        self._heads: dict[tuple[Any, ...], tuple[bytes, bytes, bytes]] = {}
         return threading.local()
 
     def _send_direct(self, packed: bytes) -> Any:
@@ -184,536 +290,388 @@ class RedisBackend(BaseBackend):
             conn.disconnect()
             raise
 
-    def _trigger_hot(self, rkey: str, payload: str, tail: tuple[Any, ...]) -> Any:
-        """``EVALSHA trigger 1 rkey 0 payload *tail`` through ``_send_direct``; the constant
-        head and tail of the command are packed once per task configuration."""
-        packed = self._tails.get(tail)
+    def _run(self, op: str, key: str, args: Sequence[Any]) -> Any:
+        """EVALSHA of script ``op`` with KEYS[1] = ``key``; loads it again after NOSCRIPT (a
+        restarted or flushed server). One round trip in the normal case."""
+        script = self.scripts[op]
+        try:
+            return self.client.evalsha(script.sha, 1, key, *args)
+        except NoScriptError:
+            script.sha = self.client.script_load(script.script)
+            return self.client.evalsha(script.sha, 1, key, *args)
+
+    def _head(self, key_hash: str, task_name: str, options: FlightOptions) -> list[Any]:
+        """ARGV[2:8] of the single-key scripts (common.lua): id, overlap, retake, direct,
+        idle TTL, task name."""
+        retake, direct = self._limits()
+        return [
+            key_id(key_hash),
+            int(options.overlap),
+            retake,
+            direct,
+            idle_ttl_ms(options),
+            task_name,
+        ]
+
+    def _limits(self) -> tuple[int, int]:
+        """Retake and direct windows in microseconds. Read once per backend instance: the
+        instance is rebuilt when a ``DEBOUNCE_`` setting changes."""
+        limits = self.__dict__.get("_limits_cache")
+        if limits is None:
+            retake = conf.seconds_of("DISPATCH_GRACE")
+            direct = conf.seconds_of("PUMP_INTERVAL")
+            limits = self.__dict__["_limits_cache"] = (int(retake * US), int(direct * US))
+        return limits
+
+    # -- triggers ---------------------------------------------------------------------------
+
+    def trigger(self, *, task_name, key, key_hash, payload_json, options, now=None):
+        wait_us = int(options.wait * US)
+        max_wait_us = -1 if options.max_wait is None else int(options.max_wait * US)
+        edge = (2 if not options.trailing else 1) if options.leading else 0
+        limit = options.collect_limit or 0
+        rkey = self.state_key(key_hash)
+        head = self._head(key_hash, task_name, options)
+        tail = [wait_us, max_wait_us, edge, limit]
+        out = None
+        if now is None and not limit and self._direct is not None:
+            try:
+                out = self._trigger_hot(rkey, payload_json, head, tail)
+            except NoScriptError:
+                out = None  # the normal path loads the script again
+        if out is None:
+            out = self._run("trigger", rkey, [_now(now), *head, payload_json, *tail, "", ""])
+        if not isinstance(out, (bytes, str)) and len(out) == 1:
+            # new to Redis: continue the durable record's counters (another process may open
+            # the flight meanwhile, so the second call can merge)
+            seed = record.seed(key_hash)
+            out = self._run(
+                "trigger",
+                rkey,
+                [_now(now), *head, payload_json, *tail, short_key(key, task_name), seed],
+            )
+        if isinstance(out, (bytes, str)):  # merged: "flight pending due", nothing to publish
+            flight, pending, due = out.split()
+            return TriggerResult(key, int(flight), int(pending), _dt(due), False), None
+        reply = dict(zip(TRIGGER_REPLY, out, strict=True))
+        seq = int(reply["seq"])
+        dispatch = (
+            Dispatch(key_hash, seq, int(reply["countdown"]) / US, self.store, task_name)
+            if seq
+            else None
+        )
+        pending = int(reply["pending"])
+        result = TriggerResult(
+            key=key,
+            flight_id=int(reply["flight_id"]),
+            pending=pending,
+            due_at=_dt(reply["due"]),
+            scheduled=dispatch is not None,
+            dropped=pending == 0,
+        )
+        if int(reply["opened"]) or int(reply["lost"]):
+            record.opened(
+                key_hash=key_hash,
+                key=key,
+                task_name=task_name,
+                at_us=int(reply["now"]),
+                state="running" if int(reply["lost"]) == 0 and not pending else "pending",
+                pending=pending,
+                flight_id=int(reply["flight_id"]),
+                due_us=int(reply["due"]),
+                payload_json=payload_json if not options.collect else None,
+                totals=(
+                    int(reply["triggers"]),
+                    int(reply["runs"]),
+                    int(reply["merged"]),
+                    int(reply["cancelled"]),
+                    int(reply["run_id"]),
+                ),
+                lost_run=int(reply["lost"]),
+                store="redis",
+            )
+        return result, dispatch
+
+    def _trigger_hot(self, rkey: str, payload: str, head: list[Any], tail: list[Any]) -> Any:
+        """``EVALSHA trigger 1 rkey 0 *head payload *tail '' ''`` through ``_send_direct``; the
+        constant parts of the command are packed once per task configuration."""
+        cache_key = (*head[1:], *tail)
+        packed = self._heads.get(cache_key)
         if packed is None:
             sha = self.scripts["trigger"].sha.encode()
-            packed = self._tails[tail] = (
-                b"*%d\r\n$7\r\nEVALSHA\r\n$40\r\n%s\r\n$1\r\n1\r\n" % (6 + len(tail), sha),
-                _pack([str(a).encode() for a in tail]),
+            packed = self._heads[cache_key] = (
+                b"*%d\r\n$7\r\nEVALSHA\r\n$40\r\n%s\r\n$1\r\n1\r\n" % (3 + 1 + 14, sha),
+                _pack([str(a).encode() for a in head[1:]]),
+                _pack([str(a).encode() for a in tail]) + b"$0\r\n\r\n$0\r\n\r\n",
             )
-        head, packed_tail = packed
+        command, middle, end = packed
         k = rkey.encode()
+        i = head[0].encode()
         p = payload.encode()
         return self._send_direct(
             b"".join(
                 (
-                    head,
+                    command,
                     b"$%d\r\n" % len(k),
                     k,
-                    b"\r\n$1\r\n0\r\n$%d\r\n" % len(p),
+                    b"\r\n$1\r\n0\r\n$%d\r\n" % len(i),
+                    i,
+                    b"\r\n",
+                    middle,
+                    b"$%d\r\n" % len(p),
                     p,
                     b"\r\n",
-                    packed_tail,
+                    end,
                 )
             )
         )
 
-    def _run(self, op: str, keys: str | list[str], args: list[Any]) -> Any:
-        """EVALSHA of script ``op`` on one key (``keys`` a str) or the keys of one debounce key;
-        loads it again after NOSCRIPT (a restarted or flushed server). One round trip in the
-        normal case."""
-        script = self.scripts[op]
-        if isinstance(keys, str):
-            keys = [keys]
-        try:
-            return self.client.evalsha(script.sha, len(keys), *keys, *args)
-        except NoScriptError:
-            script.sha = self.client.script_load(script.script)
-            return self.client.evalsha(script.sha, len(keys), *keys, *args)
+    # -- the pump ---------------------------------------------------------------------------
 
-    @property
-    def alias(self) -> str:
-        return router.db_for_write(DebounceKey)
+    def _task_names(self, task_names: Sequence[str] | None) -> list[str]:
+        if task_names is not None:
+            return list(task_names)
+        return sorted(registered_options())
 
-    def _limits(self) -> tuple[int, int]:
-        """Grace (us) and minimum TTL (ms). Read once per backend instance: the instance is
-        rebuilt when a ``DEBOUNCE_`` setting changes."""
-        limits = self.__dict__.get("_limits_cache")
-        if limits is None:
-            grace = conf.seconds_of("DISPATCH_GRACE")
-            ttl = conf.seconds(conf.get("REDIS_TTL"), name="DEBOUNCE_REDIS_TTL")
-            limits = self.__dict__["_limits_cache"] = (int(grace * US), int(ttl * 1000))  # type: ignore[operator]
-        return limits
+    def peek(self, task_names, *, now=None):
+        names = self._task_names(task_names)
+        if not names:
+            return None
+        keys = [self.shard_prefix(s) + "next:" + t for s in range(SHARDS) for t in names]
+        if self.cluster:
+            values = self.client.mget_nonatomic(keys)
+            clock = self.client.time() if now is None else None
+        else:
+            pipe = self.client.pipeline(transaction=False)
+            pipe.mget(keys)
+            if now is None:
+                pipe.time()
+            got = pipe.execute()
+            values, clock = got[0], (got[1] if now is None else None)
+        scores = [int(v) for v in values if v is not None]
+        if not scores:
+            return None
+        at = _us(now) if now is not None else int(clock[0]) * US + int(clock[1])
+        return (min(scores) - at) / US
 
-    # -- durable record -------------------------------------------------------------------
-
-    def _record(self, key_hash: str, snap: list[Any], *, lost_run: int = 0) -> None:
-        """Mirror a Redis snapshot into the ``DebounceKey`` row (skipped while the database
-        store holds a live flight of this key after a Redis outage).
-
-        Best effort: Redis has already committed the step, so a database error here is logged
-        and the caller goes on (publishes its message, runs its body); the next transition
-        writes the record again.
-        """
-        if not snap:
-            return
-        try:
-            self._write_record(key_hash, snap, lost_run)
-        except DatabaseError:
-            logger.exception("django_debounce: could not mirror key %s to the database", key_hash)
-
-    def _write_record(self, key_hash: str, snap: list[Any], lost_run: int) -> None:
-        raw = {_s(snap[i]): _s(snap[i + 1]) for i in range(0, len(snap), 2)}
-        num = {
-            name: int(raw.get(name) or 0)
-            for name in (
-                "p",
-                "f",
-                "ft",
-                "lt",
-                "d",
-                "q",
-                "sc",
-                "sa",
-                "r",
-                "ru",
-                "rt",
-                "rf",
-                "T",
-                "R",
-                "M",
-                "C",
-                "lr",
-                "df",
-                "ra",
-                "nb",
-                "rr",
-            )
-        }
-        fields = {
-            "store": "redis",
-            "updated_at": timezone.now(),
-            "merge_until": None,  # the database store's hot path must not touch this row
-            "state": (
-                DebounceKey.State.RUNNING
-                if num["ru"]
-                else DebounceKey.State.PENDING
-                if num["p"]
-                else DebounceKey.State.IDLE
-            ),
-            "pending": num["p"],
-            "flight_id": num["f"],
-            "first_trigger_at": _dt(num["ft"]),
-            "last_trigger_at": _dt(num["lt"]),
-            "due_at": _dt(num["d"]),
-            "payload": json.loads(raw["pl"]) if raw.get("pl") else None,
-            "scheduled_seq": num["q"],
-            "scheduled": bool(num["sc"]),
-            "scheduled_at": _dt(num["sa"]),
-            "run_id": num["r"],
-            "running_until": _dt(num["ru"]),
-            "run_triggers": num["rt"],
-            "run_payload": json.loads(raw["rp"]) if raw.get("rp") else None,
-            "run_first_trigger_at": _dt(num["rf"]),
-            "run_attempt": num["rr"],
-            "due_fixed": bool(num["df"]),
-            "attempt": num["ra"],
-            "not_before": _dt(num["nb"]),
-            "triggers": num["T"],
-            "runs": num["R"],
-            "merged": num["M"],
-            "cancelled": num["C"],
-            "last_run_at": _dt(num["lr"]),
-            "last_outcome": raw.get("lo", ""),
-        }
-        rows = (
-            DebounceKey.objects.using(self.alias)
-            .filter(key_hash=key_hash)
-            .exclude(
-                store="database", state__in=[DebounceKey.State.PENDING, DebounceKey.State.RUNNING]
-            )
+    def _due_shards(self, names: list[str], now: datetime | None) -> list[int]:
+        """Shards whose `next` of some task in ``names`` is due (a lower bound: a shard may
+        have nothing due after all)."""
+        keys = [self.shard_prefix(s) + "next:" + t for s in range(SHARDS) for t in names]
+        values = (
+            self.client.mget_nonatomic(keys) if self.cluster else self.client.mget(keys)
         )
-        # Counters never go back: while Redis was failing the database store may have run
-        # and counted this key further than the Redis state it kept (a hung Redis), and the
-        # database store continues from the record (run ids are unique per store).
-        monotonic = {name: Greatest(F(name), Value(fields[name])) for name in MONOTONIC_FIELDS}
-        if not rows.update(**{**fields, **monotonic}):
-            DebounceKey.objects.using(self.alias).bulk_create(
-                [
-                    DebounceKey(
-                        key_hash=key_hash,
-                        key=raw.get("k", ""),
-                        task_name=raw.get("tn", ""),
-                        **fields,
-                    )
+        if now is not None:
+            at = _us(now)
+        else:
+            seconds, micros = self.client.time()
+            at = int(seconds) * US + int(micros)
+        due = set()
+        for i, value in enumerate(values):
+            if value is not None and int(value) <= at:
+                due.add(i // len(names))
+        return sorted(due)
+
+    def take(self, tasks, limit, *, now=None):
+        tasks = dict(tasks) if tasks is not None else registered_options()
+        names = sorted(tasks)
+        if not names:
+            return Taken()
+        retake, direct = self._limits()
+        per_task: list[Any] = []
+        for name in names:
+            per_task += [name, idle_ttl_ms(tasks[name])]
+        dispatches: list[Dispatch] = []
+        again = 0
+        for shard in self._due_shards(names, now):
+            if len(dispatches) >= limit:
+                break
+            prefix = self.shard_prefix(shard)
+            out = self.scripts["take"](
+                keys=[prefix + "rec"],
+                args=[
+                    _now(now),
+                    limit - len(dispatches),
+                    retake,
+                    direct,
+                    prefix,
+                    len(names),
+                    *per_task,
                 ],
-                ignore_conflicts=True,
             )
-        if lost_run:
-            self._mark_lost(key_hash, lost_run)
+            again += int(out[0])
+            for i in range(2, len(out), 3):
+                dispatches.append(
+                    Dispatch(
+                        key_hash_of(_s(out[i])),
+                        int(out[i + 1]),
+                        0.0,
+                        self.store,
+                        names[int(out[i + 2]) - 1],
+                    )
+                )
+        return Taken(dispatches, again, self.peek(names, now=now))
 
-    def _seed(self, key_hash: str) -> str:
-        row = (
-            DebounceKey.objects.using(self.alias)
-            .filter(key_hash=key_hash)
-            .values_list("run_id", "flight_id", "triggers", "runs", "merged", "cancelled")
-            .first()
-        )
-        return ",".join(str(v) for v in (row or (0, 0, 0, 0, 0, 0)))
+    def release(self, dispatches, *, now=None):
+        no_options = FlightOptions(wait=0.0)
+        for dispatch in dispatches:
+            self._run(
+                "release",
+                self.state_key(dispatch.key_hash),
+                [
+                    _now(now),
+                    *self._head(dispatch.key_hash, dispatch.task_name, no_options),
+                    dispatch.seq,
+                ],
+            )
 
-    def _mark_lost(self, key_hash: str, run_id: int) -> None:
-        DebounceRun.objects.using(self.alias).filter(
-            debounce_key__key_hash=key_hash,
-            store="redis",
-            run_id=run_id,
-            outcome=DebounceRun.Outcome.RUNNING,
-        ).update(
-            outcome=DebounceRun.Outcome.LOST, finished_at=timezone.now(), error="lease ran out"
-        )
+    # -- the worker -------------------------------------------------------------------------
 
-    # -- operations -----------------------------------------------------------------------
-
-    def trigger(
-        self,
-        *,
-        task_name,
-        key,
-        key_hash,
-        payload,
-        wait,
-        max_wait,
-        overlap=False,
-        payload_json=None,
-        leading=False,
-        trailing=True,
-        collect_limit=None,
-        now=None,
-    ):
-        grace, ttl = self._limits()
-        encoded = (
-            payload_json
-            if payload_json is not None
-            else json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
-        )
-        args = [
-            _now(now),
-            encoded,
-            int(wait * US),
-            -1 if max_wait is None else int(max_wait * US),
-            grace,
-            ttl,
-            int(overlap),
-            (2 if not trailing else 1) if leading else 0,
-            collect_limit or 0,
-        ]
-        keys: str | list[str] = redis_keys(key_hash) if collect_limit else redis_key(key_hash)
-        out = None
-        if now is None and not collect_limit and self._direct is not None:
-            try:
-                out = self._trigger_hot(keys, encoded, tuple(args[2:]))  # type: ignore[arg-type]
-            except NoScriptError:
-                out = None  # the normal path loads the script again
-        if out is None:
-            out = self._run("trigger", keys, args)
-        if not isinstance(out, (bytes, str)) and len(out) == 1:
-            # new to Redis: continue the durable record's counters (another process may open
-            # the flight meanwhile, so the second call can merge)
-            args += [key, task_name, int(time.time() * US), self._seed(key_hash)]
-            out = self._run("trigger", keys, args)
-        if isinstance(out, (bytes, str)):  # merged: "flight pending due", nothing to publish
-            flight, pending, due = out.split()
-            return TriggerResult(key, int(flight), int(pending), _dt(due), False), None, None
-        (
-            flight_id,
-            pending,
-            due,
-            seq,
-            countdown,
-            opened,
-            prev_pl,
-            prev_lt,
-            prev_d,
-            _now_us,
-            lost,
-            snap,
-            kind,
-            prev_df,
-            added,
-        ) = out
-        if snap:
-            self._record(key_hash, snap, lost_run=int(lost))
-        seq = int(seq)
-        kind = _s(kind)
-        dispatch = Dispatch(key_hash, seq, int(countdown) / US, self.store, kind) if seq else None
-        result = TriggerResult(
-            key=key,
-            flight_id=int(flight_id),
-            pending=int(pending),
-            due_at=_dt(due),
-            scheduled=kind == "fire",
-            dropped=int(pending) == 0,
-        )
-        undo = {
-            "at": int(_now_us),
-            "opened": int(opened),
-            "payload": _s(prev_pl),
-            "last": int(prev_lt),
-            "due": int(prev_d),
-            "due_fixed": int(prev_df),
-            "added": int(added),
-            "item": encoded,
-        }
-        return result, dispatch, undo
-
-    def abort_trigger(self, key_hash, seq, undo):
-        grace, ttl = self._limits()
-        out = self._run(
-            "abort",
-            redis_keys(key_hash),
-            [
-                0,
-                seq,
-                undo["opened"],
-                undo["payload"],
-                undo["last"],
-                undo["due"],
-                grace,
-                ttl,
-                undo.get("kind", "fire"),
-                undo["at"],
-                undo.get("due_fixed", 0),
-                undo.get("added", 0),
-                undo.get("item", ""),
-            ],
-        )
-        if int(out[0]):
-            self._record(key_hash, out[1])
-
-    def fire(self, key_hash, seq, *, overlap, lease, now=None, store=None, collect_limit=None):
-        grace, ttl = self._limits()
+    def fire(self, key_hash, seq, *, task_name, options, now=None, store=None):
         out = self._run(
             "fire",
-            redis_keys(key_hash),
-            [_now(now), -1 if seq is None else seq, int(overlap), int(lease * US), grace, ttl],
+            self.state_key(key_hash),
+            [
+                _now(now),
+                *self._head(key_hash, task_name, options),
+                -1 if seq is None else seq,
+                int(options.lease * US),
+                options.collect_limit or 0,
+            ],
         )
         action = int(out[0])
         if action == -1:
             return FireDecision(FireAction.MISSING)
-        lost = int(out[1])
-        if lost:
-            self._mark_lost(key_hash, lost)
         if action == 0:
             return FireDecision(FireAction.DROP)
         if action == 1:
-            dispatch = Dispatch(key_hash, int(out[2]), int(out[3]) / US, self.store)
+            q = int(out[2])
+            dispatch = Dispatch(key_hash, q, int(out[3]) / US, self.store, task_name) if q else None
             return FireDecision(FireAction.REARM, dispatch=dispatch)
         if action == 2:
-            at = int(out[2])
-            watchdog = Dispatch(key_hash, at, int(out[3]) / US, self.store, "watch") if at else None
-            return FireDecision(FireAction.WAIT, dispatch=watchdog)
-        (
-            _a,
-            _l,
-            run_id,
-            flight_id,
-            claimed,
-            payload,
-            first,
-            last,
-            due,
-            started,
-            snap,
-            attempt,
-            fseq,
-            fcd,
-        ) = out
-        self._record(key_hash, snap)
-        raw = {_s(snap[i]): _s(snap[i + 1]) for i in range(0, len(snap), 2)}
+            return FireDecision(FireAction.WAIT)
+        reply = dict(zip(CLAIM_REPLY, out, strict=True))
+        short = _s(reply["short_key"])
+        payload = _s(reply["payload"])
         claim = Claim(
             key_hash=key_hash,
-            key=raw.get("k", ""),
-            task_name=raw.get("tn", ""),
-            run_id=int(run_id),
-            flight_id=int(flight_id),
-            triggers=int(claimed),
+            key="" if short.endswith("…") else short,
+            task_name=task_name,
+            run_id=int(reply["run_id"]),
+            flight_id=int(reply["flight_id"]),
+            triggers=int(reply["claimed"]),
             payload=json.loads(payload) if payload else None,
-            first_trigger_at=_dt(first),
-            last_trigger_at=_dt(last),
-            due_at=_dt(due),
-            started_at=_dt(started),
+            first_trigger_at=_dt(reply["first"]),  # type: ignore[arg-type]
+            last_trigger_at=_dt(reply["last"]),  # type: ignore[arg-type]
+            due_at=_dt(reply["due"]),  # type: ignore[arg-type]
+            started_at=_dt(reply["now"]),  # type: ignore[arg-type]
             store=self.store,
-            attempt=int(attempt),
+            attempt=int(reply["attempt"]),
         )
-        self._record_run(key_hash, claim)
-        follow = Dispatch(key_hash, int(fseq), int(fcd) / US, self.store) if int(fseq) else None
+        fseq = int(reply["follow_seq"])
+        follow = (
+            Dispatch(key_hash, fseq, int(reply["follow_countdown"]) / US, self.store, task_name)
+            if fseq
+            else None
+        )
         return FireDecision(FireAction.CLAIM, claim=claim, dispatch=follow)
 
-    def _record_run(self, key_hash: str, claim: Claim) -> None:
-        """The ``DebounceRun`` row of a claim (best effort: the claim stands either way)."""
-        row = (
-            DebounceKey.objects.using(self.alias)
-            .filter(key_hash=key_hash)
-            .values_list("pk", flat=True)
-            .first()
-        )
-        if row is None:
-            return
-        try:
-            with transaction.atomic(using=self.alias):
-                DebounceRun.objects.using(self.alias).create(
-                    debounce_key_id=row,
-                    store="redis",
-                    task_name=claim.task_name,
-                    flight_id=claim.flight_id,
-                    run_id=claim.run_id,
-                    attempt=claim.attempt,
-                    triggers=claim.triggers,
-                    first_trigger_at=claim.first_trigger_at,
-                    last_trigger_at=claim.last_trigger_at,
-                    due_at=claim.due_at,
-                    started_at=claim.started_at,
-                    delay=max((claim.started_at - claim.last_trigger_at).total_seconds(), 0.0),
-                )
-        except DatabaseError:
-            # The claim stands (the body must run); only its history row is missing.
-            logger.error("django_debounce: run %s of %s already recorded", claim.run_id, claim.key)
-
-    def finish(self, key_hash, run_id, *, ok, error="", retry_in=None, store=None, now=None):
-        grace, ttl = self._limits()
-        retry_us = -1 if ok or retry_in is None else int(max(retry_in, 0.0) * US)
-        applied, seq, countdown, now_us, snap, lost = self._run(
+    def finish(self, key_hash, run_id, end, *, task_name, options, now=None, store=None):
+        retry_us = -1 if end.ok or end.retry_in is None else int(max(end.retry_in, 0.0) * US)
+        _applied, seq, countdown, _lost = self._run(
             "finish",
-            redis_keys(key_hash),
-            [_now(now), run_id, int(ok), grace, ttl, retry_us],
+            self.state_key(key_hash),
+            [
+                _now(now),
+                *self._head(key_hash, task_name, options),
+                run_id,
+                int(end.ok),
+                retry_us,
+                end.error.replace("|", "/")[:2000],
+            ],
         )
-        if not int(applied):
-            if int(lost):
-                self._record(key_hash, snap, lost_run=int(lost))
-            self._mark_lost(key_hash, run_id)
-            return (
-                Dispatch(key_hash, int(seq), int(countdown) / US, self.store) if int(seq) else None
-            )
-        if ok:
-            outcome = DebounceRun.Outcome.SUCCESS
-        elif retry_us >= 0:
-            outcome = DebounceRun.Outcome.RETRY
-        else:
-            outcome = DebounceRun.Outcome.FAILURE
-        try:
-            DebounceRun.objects.using(self.alias).filter(
-                debounce_key__key_hash=key_hash,
-                store="redis",
-                run_id=run_id,
-                outcome=DebounceRun.Outcome.RUNNING,
-            ).update(outcome=outcome, finished_at=_dt(now_us), error=error)
-        except DatabaseError:  # Redis has the finish; the follow-up must still be published
-            logger.exception("django_debounce: could not record the end of run %s", run_id)
-        self._record(key_hash, snap)
         seq = int(seq)
-        return Dispatch(key_hash, seq, int(countdown) / US, self.store) if seq else None
+        return Dispatch(key_hash, seq, int(countdown) / US, self.store, task_name) if seq else None
 
-    def watch(self, key_hash, at, *, store=None, now=None):
-        grace, ttl = self._limits()
-        seq, countdown, kind, lost, snap = self._run(
-            "watch", redis_keys(key_hash), [_now(now), at, grace, ttl]
-        )
-        if snap:
-            self._record(key_hash, snap, lost_run=int(lost))
-        seq = int(seq)
-        return Dispatch(key_hash, seq, int(countdown) / US, self.store, _s(kind)) if seq else None
-
-    def heartbeat(self, key_hash, run_id, lease, *, store=None, now=None):
-        grace, ttl = self._limits()
+    def heartbeat(self, key_hash, run_id, lease, *, task_name, options, now=None, store=None):
         return bool(
             self._run(
                 "heartbeat",
-                redis_keys(key_hash),
-                [_now(now), run_id, int(lease * US), grace, ttl],
+                self.state_key(key_hash),
+                [_now(now), *self._head(key_hash, task_name, options), run_id, int(lease * US)],
             )
         )
 
-    def flush(self, key_hash, *, now=None):
-        grace, ttl = self._limits()
-        (seq,) = self._run("flush", redis_keys(key_hash), [_now(now), grace, ttl])
+    def extend(self, runs, *, now=None):
+        by_shard: dict[int, list[int]] = defaultdict(list)
+        for i, run in enumerate(runs):
+            by_shard[shard_of(run.key_hash)].append(i)
+        retake, _direct = self._limits()
+        out: list[float | None] = [None] * len(runs)
+        for shard, indexes in by_shard.items():
+            args: list[Any] = []
+            for i in indexes:
+                run = runs[i]
+                args += [key_id(run.key_hash), run.seq, int(run.lease * US), run.task_name]
+            prefix = self.shard_prefix(shard)
+            got = self.scripts["extend"](
+                keys=[prefix + "rec"], args=[_now(now), prefix, retake, len(indexes), *args]
+            )
+            for i, value in zip(indexes, got, strict=True):
+                value = int(value)
+                out[i] = value / US if value >= 0 else None
+        return out
+
+    # -- operators --------------------------------------------------------------------------
+
+    def flush(self, key_hash, *, task_name, options, now=None):
+        seq, countdown = self._run(
+            "flush",
+            self.state_key(key_hash),
+            [_now(now), *self._head(key_hash, task_name, options)],
+        )
         seq = int(seq)
-        return Dispatch(key_hash, seq, 0.0, self.store) if seq else None
+        return Dispatch(key_hash, seq, int(countdown) / US, self.store, task_name) if seq else None
 
-    def cancel(self, key_hash, *, now=None):
-        grace, ttl = self._limits()
-        dropped, snap = self._run("cancel", redis_keys(key_hash), [_now(now), grace, ttl])
-        self._record(key_hash, snap)
-        return int(dropped)
-
-    def _live(self) -> list[tuple[str, str]]:
-        return list(
-            DebounceKey.objects.using(self.alias)
-            .filter(store="redis")
-            .exclude(state=DebounceKey.State.IDLE)
-            .values_list("task_name", "key_hash")
+    def cancel(self, key_hash, *, task_name, options, now=None):
+        return int(
+            self._run(
+                "cancel",
+                self.state_key(key_hash),
+                [_now(now), *self._head(key_hash, task_name, options)],
+            )
         )
 
     def due_keys(self, now=None, task_names=None):
-        candidates = [(t, h) for t, h in self._live() if task_names is None or t in task_names]
-        if not candidates:
-            return []
-        pipe = self.client.pipeline(transaction=False)
-        for _t, h in candidates:
-            pipe.hmget(redis_key(h), "p", "d")
-        limit = _us(now) if now else None
+        names = self._task_names(task_names)
+        limit = _us(now) if now is not None else None
         if limit is None:
             seconds, micros = self.client.time()
             limit = int(seconds) * US + int(micros)
         out = []
-        for (task_name, h), (p, d) in zip(candidates, pipe.execute(), strict=True):
-            if int(p or 0) > 0 and int(d or 0) <= limit:
-                out.append((task_name, h))
+        for name in names:
+            for shard in range(SHARDS):
+                prefix = self.shard_prefix(shard)
+                ids = [_s(m) for m in self.client.zrange(prefix + "due:" + name, 0, -1)]
+                if not ids:
+                    continue
+                pipe = self.client.pipeline(transaction=False)
+                for i in ids:
+                    pipe.hmget(prefix + i, "p", "d")
+                for i, (p, d) in zip(ids, pipe.execute(), strict=True):
+                    if int(p or 0) > 0 and int(d or 0) <= limit:
+                        out.append((name, key_hash_of(i)))
         return out
 
-    def missing(self, key_hashes: list[str]) -> list[str]:
-        """Key hashes whose state is not in Redis (expired, or Redis restarted empty)."""
-        if not key_hashes:
-            return []
-        pipe = self.client.pipeline(transaction=False)
-        for h in key_hashes:
-            pipe.exists(redis_key(h))
-        return [h for h, n in zip(key_hashes, pipe.execute(), strict=True) if not n]
-
-    def live_hashes(self) -> list[str]:
-        """Key hashes of rows mirrored from Redis that are not idle."""
-        return [h for _t, h in self._live()]
-
-    def held(self, candidates: list[tuple[str, str]]) -> list[tuple[str, str]]:
-        """Of ``(task_name, key_hash)`` pairs whose record the database store owns, those
-        whose Redis state still holds pending triggers or a lease: triggers that Redis took
-        while a client had already timed out and fallen back (a Redis that hung, then
-        resumed), which no record lists as live in Redis. One pipeline per 1,000 keys."""
-        out = []
-        for start in range(0, len(candidates), 1000):
-            chunk = candidates[start : start + 1000]
-            pipe = self.client.pipeline(transaction=False)
-            for _t, h in chunk:
-                pipe.hmget(redis_key(h), "p", "ru")
-            for pair, (p, ru) in zip(chunk, pipe.execute(), strict=True):
-                if int(p or 0) > 0 or int(ru or 0) > 0:
-                    out.append(pair)
-        return out
-
-    def recover(self, *, grace, adopt=(), now=None, also=()):
-        """Recover every key the records list as live in Redis, and the pairs in ``also``
-        (``(task_name, key_hash)``, e.g. from ``held``)."""
-        dispatch_grace, ttl = self._limits()
-        out: list[tuple[str, Dispatch]] = []
-        for task_name, h in dict.fromkeys([*self._live(), *also]):
-            try:
-                lost, seq, countdown, snap = self._run(
-                    "recover", redis_keys(h), [_now(now), int(grace * US), ttl, dispatch_grace]
-                )
-            except Exception:  # one bad key must not stop the recovery of every other key
-                logger.exception("django_debounce: recovery of key %s failed", h)
-                continue
-            self._record(h, snap, lost_run=int(lost))
-            if int(seq):
-                out.append((task_name, Dispatch(h, int(seq), int(countdown) / US, self.store)))
-        return out
+    # -- reading ----------------------------------------------------------------------------
 
     def live_state(self, key_hash):
-        values = self.client.hmget(redis_key(key_hash), "p", "f", "T", "R", "M", "C", "ru", "q")
-        if values[1] is None:
+        values = self.client.hmget(
+            self.state_key(key_hash), "p", "f", "T", "R", "M", "C", "ru", "q", "r"
+        )
+        if all(v is None for v in values):
             return None
-        p, f, t, r, m, c, ru, q = (int(v or 0) for v in values)
+        p, f, t, r, m, c, ru, q, _run_id = (int(v or 0) for v in values)
         state = "running" if ru else "pending" if p else "idle"
         return {
             "pending": p,
@@ -727,21 +685,20 @@ class RedisBackend(BaseBackend):
             "store_code": self.store,
         }
 
-    def live_rows(self, key_hashes: list[str]) -> dict[str, dict[str, Any]]:
-        """Live ``DebounceKey`` field values of keys held in Redis, in one pipeline (for the
-        admin and the status command: the row is only written on flight transitions).
-        Keys Redis does not hold are left out."""
+    def live_rows(self, key_hashes):
         if not key_hashes:
             return {}
-        fields = ("p", "f", "ft", "lt", "d", "ru", "T", "R", "M", "C", "lr", "lo")
+        fields = ("p", "f", "ft", "lt", "d", "ru", "T", "R", "M", "C", "lr", "lo", "r")
         pipe = self.client.pipeline(transaction=False)
         for h in key_hashes:
-            pipe.hmget(redis_key(h), *fields)
+            pipe.hmget(self.state_key(h), *fields)
         out = {}
         for h, values in zip(key_hashes, pipe.execute(), strict=True):
-            if values[1] is None:
+            if all(v is None for v in values):
                 continue
-            p, f, ft, lt, d, ru, t, r, m, c, lr = (int(v or 0) for v in values[:-1])
+            p, f, ft, lt, d, ru, t, r, m, c, lr = (int(v or 0) for v in values[:11])
+            if p and not lt:
+                lt = ft
             out[h] = {
                 "state": "running" if ru else "pending" if p else "idle",
                 "pending": p,
@@ -755,7 +712,7 @@ class RedisBackend(BaseBackend):
                 "merged": m,
                 "cancelled": c,
                 "last_run_at": _dt(lr),
-                "last_outcome": _s(values[-1] or ""),
+                "last_outcome": _s(values[11] or ""),
             }
         return out
 
@@ -764,5 +721,39 @@ class RedisBackend(BaseBackend):
             return {}
         pipe = self.client.pipeline(transaction=False)
         for h in key_hashes:
-            pipe.hget(redis_key(h), "p")
+            pipe.hget(self.state_key(h), "p")
         return {h: int(p or 0) for h, p in zip(key_hashes, pipe.execute(), strict=True)}
+
+    def index_stats(self, task_names=None):
+        names = self._task_names(task_names)
+        seconds, micros = self.client.time()
+        at = int(seconds) * US + int(micros)
+        pipe = self.client.pipeline(transaction=False)
+        for name in names:
+            for shard in range(SHARDS):
+                key = self.shard_prefix(shard) + "due:" + name
+                pipe.zcard(key)
+                pipe.zcount(key, "-inf", at)
+                pipe.zrange(key, 0, 0, withscores=True)
+        got = pipe.execute()
+        out = {}
+        for n, name in enumerate(names):
+            depth = due = 0
+            oldest = None
+            for shard in range(SHARDS):
+                base = (n * SHARDS + shard) * 3
+                depth += int(got[base])
+                due += int(got[base + 1])
+                head = got[base + 2]
+                if head:
+                    score = int(head[0][1])
+                    oldest = score if oldest is None else min(oldest, score)
+            age = max(at - oldest, 0) / US if oldest is not None and oldest <= at else 0.0
+            out[name] = IndexStats(depth=depth, due=due, oldest_due_age=age)
+        return out
+
+    def peek_state(self, key_hash: str) -> dict[str, str] | None:
+        """The raw hash of ``key_hash`` (tests, ``debounce_status --key``)."""
+        raw = self.client.hgetall(self.state_key(key_hash))
+        return {_s(k): _s(v) for k, v in raw.items()} if raw else None
+

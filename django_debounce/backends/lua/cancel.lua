@@ -1,17 +1,21 @@
--- Drop the pending flight. ARGV: now_us (0: Redis TIME), grace_us, ttl_ms.
--- Returns {dropped, snapshot}.
-local h = KEYS[1]
-if redis.call('EXISTS', h) == 0 then return {0, {}} end
+-- Drop the pending flight and reset the edge, as lodash's cancel(): the next trigger starts a
+-- new burst. Twin of DatabaseBackend.cancel and KeyModel.cancel. Returns the triggers dropped.
+local c = single_ctx()
+local h = c.h
+if redis.call('EXISTS', h) == 0 then return 0 end
 local now = clock()
-local s = load_state(h)
-if s.p == 0 then return {0, {}} end
+local s, o = load_state(h)
+s.lt = 0
 local dropped = s.p
-s.C = s.C + dropped
-s.p = 0
-s.ft, s.lt, s.d, s.df, s.ra, s.nb = 0, 0, 0, 0, 0, 0
-s.q = s.q + 1
-s.sc = 0
-s.sa = 0
-if s.cl > 0 then redis.call('DEL', KEYS[2]) end
-save(h, s, now, tonumber(ARGV[3]), tonumber(ARGV[2]), {'pl', ''})
-return {dropped, snapshot(h)}
+if dropped > 0 then
+  s.C = s.C + dropped
+  s.p = 0
+  s.ft, s.an, s.d, s.df, s.ra, s.nb = 0, 0, 0, 0, 0, 0
+  next_seq(s, now)  -- any message out is now stale
+  s.tk, s.ta = 0, 0
+  if s.cs > 0 then redis.call('DEL', c.items) end
+end
+save(h, s, o, {'pl', ''})
+reindex(s, c)
+if dropped > 0 then record(c, 's', now, s, 0) end
+return dropped

@@ -1,55 +1,52 @@
--- End of run ARGV[2]. ARGV: now_us (0: Redis TIME), run_id, ok (0/1), grace_us, ttl_ms,
--- retry_us (-1: no retry; else the failed run's triggers run again no earlier than this)
--- Returns {applied (0/1), seq, countdown_us, now_us, snapshot, lost_run_id}
-local h = KEYS[1]
-if redis.call('EXISTS', h) == 0 then return {0, '0', '0', '0', {}, 0} end
+-- End of run ARGV[8]. Twin of DatabaseBackend.finish and KeyModel.finish.
+-- ARGV (after the common header): [8] run_id, [9] ok (0/1), [10] retry_us (-1: no retry;
+-- else the failed run's triggers run again no earlier than this), [11] error text.
+-- Returns {applied (0/1), seq, countdown_us, lost_run_id}.
+local c = single_ctx()
+local h = c.h
+if redis.call('EXISTS', h) == 0 then return {0, '0', '0', 0} end
 local now = clock()
-local grace, ttl = tonumber(ARGV[4]), tonumber(ARGV[5])
-local s = load_state(h)
-local lost = recover_lease(h, s, now)
-if s.r ~= tonumber(ARGV[2]) or s.ru == 0 then
-  -- a late finisher after its lease ran out changes nothing; the flight its lost run went
-  -- back to (recovered just now) gets its message
-  local snap = {}
+local s, o = load_state(h)
+local lost = recover_lease(s, now, c)
+local extra = nil
+if s.r ~= tonumber(ARGV[8]) or s.ru == 0 then
+  -- a late finisher after its lease ran out changes nothing; when it recovered the lost run
+  -- itself, it schedules that flight
   local seq, cd = 0, 0
-  if lost > 0 then
-    if s.p > 0 and s.ru == 0 and s.sc == 0 then
-      cd = schedule(s, math.max(s.d, now), now)
-      seq = s.q
-    end
-    save(h, s, now, ttl, grace)
-    snap = snapshot(h)
+  if lost > 0 and s.p > 0 and s.ru == 0 and s.tk == 0 then
+    seq, cd = schedule(s, math.max(s.d, now), now, c)
   end
-  return {0, fmt(seq), fmt(cd), fmt(now), snap, lost}
+  save(h, s, o, extra)
+  reindex(s, c)
+  return {0, fmt(seq), fmt(cd), lost}
 end
+local run_id = s.r
 local outcome = 'failure'
-local retry = tonumber(ARGV[6])
-if ARGV[3] == '1' then
+local retry = tonumber(ARGV[10])
+if ARGV[9] == '1' then
   outcome = 'success'
 elseif retry >= 0 then
   outcome = 'retry'
 end
 if outcome == 'retry' then
   local attempt = s.rr + 1
-  unclaim(h, s, now)
+  unclaim(s, now, c)
   s.ra = attempt
   s.nb = now + retry
   s.d = math.max(s.d, s.nb)
   s.df = 0
 else
-  s.ru = 0
-  s.rt = 0
-  s.rf = 0
-  s.rr = 0
-  if s.cl > 0 then redis.call('DEL', KEYS[3]) end
+  end_run(s)
+  if s.cs > 0 then redis.call('DEL', c.run_items) end
+  extra = concat(extra, {'rp', ''})
 end
 local seq, cd = 0, 0
 if s.p > 0 then
   local at = math.max(s.d, now)
-  if s.sc == 0 or s.sa > at then
-    cd = schedule(s, at, now)
-    seq = s.q
-  end
+  if s.tk == 0 or s.ta > at then seq, cd = schedule(s, at, now, c) end
 end
-save(h, s, now, ttl, grace, {'rp', '', 'lo', outcome})
-return {1, fmt(seq), fmt(cd), fmt(now), snapshot(h), 0}
+extra = concat(extra, {'lo', outcome})
+save(h, s, o, extra)
+reindex(s, c)
+record(c, 'f', now, s, run_id, outcome .. '|' .. ARGV[11])
+return {1, fmt(seq), fmt(cd), lost}

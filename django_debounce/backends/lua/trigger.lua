@@ -1,78 +1,70 @@
--- trigger: count one trigger. Two parts: a self-contained hot path, then (after the shared
--- functions, which redis.py inserts at the marker) the full state machine.
--- ARGV: now_us (0: Redis TIME), payload (an item in collect mode), wait_us,
---       max_wait_us (-1: none), grace_us, ttl_ms, overlap (0/1),
---       edge (0: trailing, 1: leading and trailing, 2: leading only), collect_limit (0: none),
---       and only when the key is new to Redis: key, task_name, seq_base,
---       seed ("run_id,flight_id,triggers,runs,merged,cancelled" of the durable record).
--- A key new to Redis returns {'seed'} when the seed is missing: the caller reads the durable
--- record and calls again, so counters continue where the database left them.
+-- trigger: count one trigger. Twin of DatabaseBackend.trigger and KeyModel.trigger.
+-- Two parts: a self-contained hot path, then (after the shared functions, which redis.py
+-- inserts at the marker) the full state machine.
+-- ARGV (after the common header, see common.lua): [8] payload (an item in collect mode),
+-- [9] wait_us, [10] max_wait_us (-1: none), [11] edge (0: trailing, 1: leading and
+-- trailing, 2: leading only), [12] collect_limit (0: none), [13] short readable key ('':
+-- none), [14] seed "run_id,flight_id,triggers,runs,merged,cancelled" of the durable record
+-- ('': not read yet).
+-- A key new to Redis returns {'seed'} without a seed: the caller reads the durable record
+-- and calls again, so counters continue where the record left them.
 local h = KEYS[1]
 local now = tonumber(ARGV[1])
 if now == 0 then
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
-local grace = tonumber(ARGV[5])
 
--- Hot path: a trigger that only merges into an open flight (see merge_until) reads eight
--- fields, writes five, and replies with one status line of three numbers. A flight that
--- this trigger makes due before its outstanding message (max_wait from an early first
--- trigger) takes the full path, which publishes a message for the earlier time.
-local m = redis.call('HMGET', h, 'mu', 'p', 'ft', 'T', 'f', 'x', 'sa', 'd')
-local hot, due = (tonumber(m[1]) or 0) > now, 0
-if hot then
-  due = now + tonumber(ARGV[3])
-  local max_wait = tonumber(ARGV[4])
-  if max_wait >= 0 then due = math.min(due, tonumber(m[3]) + max_wait) end
-  due = math.max(due, tonumber(m[8]) or 0)  -- never earlier than the flight's due (I3)
-  hot = due >= (tonumber(m[7]) or 0)
-end
-if hot then
-  local ps = string.format('%d', tonumber(m[2]) + 1)
-  local ds = string.format('%d', due)
-  local ttl_ms = tonumber(ARGV[6])
-  local x = tonumber(m[6]) or 0
-  if due + grace > x or x - now < ttl_ms * 500 then
-    local ttl = math.max(ttl_ms, math.ceil((due + grace - now) / 1000))
+-- Hot path: a trigger that only joins an open flight (no lost lease to recover, not
+-- collecting) reads nine fields, writes five, and replies with one status line of three
+-- numbers. It moves the due time later only, so the index entry stays (see common.lua).
+if ARGV[12] == '0' then
+  local m = redis.call('HMGET', h, 'p', 'ru', 'f', 'T', 'd', 'ft', 'an', 'df', 'nb')
+  local p = tonumber(m[1]) or 0
+  local ru = tonumber(m[2]) or 0
+  if p > 0 and (ru == 0 or ru > now) then
+    local due = tonumber(m[5])
+    if m[8] ~= '1' then
+      local d = now + tonumber(ARGV[9])
+      local max_wait = tonumber(ARGV[10])
+      if max_wait >= 0 then d = math.min(d, (tonumber(m[7]) or tonumber(m[6])) + max_wait) end
+      if d > due then due = d end
+    end
+    local nb = tonumber(m[9]) or 0
+    if nb > due then due = nb end
+    local ps = string.format('%d', p + 1)
+    local ds = string.format('%d', due)
     redis.call('HSET', h, 'p', ps, 'T', string.format('%d', tonumber(m[4]) + 1),
-               'lt', string.format('%d', now), 'd', ds, 'pl', ARGV[2],
-               'x', string.format('%d', now + ttl * 1000))
-    redis.call('PEXPIRE', h, string.format('%d', ttl))
-  else
-    redis.call('HSET', h, 'p', ps, 'T', string.format('%d', tonumber(m[4]) + 1),
-               'lt', string.format('%d', now), 'd', ds, 'pl', ARGV[2])
+               'lt', string.format('%d', now), 'd', ds, 'pl', ARGV[8])
+    -- One status reply, "flight pending due": a client parses it in one line read.
+    return {ok = m[3] .. ' ' .. ps .. ' ' .. ds}
   end
-  -- One status reply, "flight pending due": a client parses it in one line read.
-  return {ok = m[5] .. ' ' .. ps .. ' ' .. ds}
 end
 
 -- @@common@@
 
-local fresh = m[5] == false
-if fresh and ARGV[13] == nil then return {'seed'} end
-local s = load_state(h)
+local c = single_ctx()
+local fresh = redis.call('EXISTS', h) == 0
+if fresh and ARGV[14] == '' then return {'seed'} end
+local s, o = load_state(h)
 local extra = {}
 if fresh then
-  s.q = tonumber(ARGV[12])
   local i = 0
-  for v in string.gmatch(ARGV[13], '[^,]+') do
+  for v in string.gmatch(ARGV[14], '[^,]+') do
     i = i + 1
     local n = tonumber(v)
     if i == 1 then s.r = n elseif i == 2 then s.f = n elseif i == 3 then s.T = n
     elseif i == 4 then s.R = n elseif i == 5 then s.M = n elseif i == 6 then s.C = n end
   end
-  extra = {'k', ARGV[10], 'tn', ARGV[11]}
+  if ARGV[13] ~= '' then extra = {'k', ARGV[13]} end
 end
-local ttl_ms = tonumber(ARGV[6])
-local wait = tonumber(ARGV[3])
-local max_wait = tonumber(ARGV[4])
-local edge = tonumber(ARGV[8])
-s.cl = tonumber(ARGV[9])
-s.o = tonumber(ARGV[7])
-local lost = recover_lease(h, s, now)
-local prev_pl = redis.call('HGET', h, 'pl') or ''
-local prev_lt, prev_d, prev_df = s.lt, s.d, s.df
+local wait = tonumber(ARGV[9])
+local max_wait = tonumber(ARGV[10])
+local edge = tonumber(ARGV[11])
+local limit = tonumber(ARGV[12])
+local overlap = c.overlap
+s.o = overlap
+local lost = recover_lease(s, now, c)
 local opened = 0
 if s.p == 0 then
   -- edge semantics as lodash debounce: a leading edge when the last trigger is `wait` or
@@ -90,32 +82,38 @@ if s.p == 0 then
     s.T = s.T + 1
     s.C = s.C + 1
     s.lt = now
-    save(h, s, now, ttl_ms, grace, extra)
-    local snap = {}
-    if fresh or lost > 0 then snap = snapshot(h) end
-    return {s.f, 0, '0', '0', '0', 0, '', '0', '0', fmt(now), lost, snap, '', 0, 0}
+    save(h, s, o, extra)
+    reindex(s, c)
+    return {fmt(s.f), 0, '0', '0', '0', 0, lost, fmt(s.T), fmt(s.R), fmt(s.M), fmt(s.C),
+            fmt(s.r), fmt(now)}
+  end
+  -- max_wait counts from lodash's lastInvokeTime: the last run's claim while the stream goes
+  -- on (the last trigger within `wait`, the claim within `max_wait`), else this trigger
+  local anchor = now
+  if max_wait >= 0 and s.lt > 0 and now - s.lt < wait and s.lr > 0 and now - s.lr < max_wait then
+    anchor = s.lr
   end
   s.f = s.f + 1
   s.ft = now
+  s.an = anchor
   s.df = leading and 1 or 0
   s.ra = 0
   s.nb = 0
+  s.tk, s.ta = 0, 0
   opened = 1
 end
 s.p = s.p + 1
 s.T = s.T + 1
 s.lt = now
-local full, added = false, 0
-if s.cl > 0 then
-  -- scores keep the trigger order; T goes back when a trigger is taken back (abort), so
-  -- they come from a counter of their own ('cs'), which only grows
-  local score = math.max(s.T, (tonumber(redis.call('HGET', h, 'cs')) or 0) + 1)
-  redis.call('HSET', h, 'cs', fmt(score))
-  added = redis.call('ZADD', KEYS[2], 'NX', score, ARGV[2])
-  full = redis.call('ZCARD', KEYS[2]) >= s.cl
+local full = false
+if limit > 0 then
+  -- scores keep the trigger order, from a counter of their own ('cs') that only grows
+  s.cs = s.cs + 1
+  redis.call('ZADD', c.items, 'NX', s.cs, ARGV[8])
+  full = redis.call('ZCARD', c.items) >= limit
 else
   extra[#extra + 1] = 'pl'
-  extra[#extra + 1] = ARGV[2]
+  extra[#extra + 1] = ARGV[8]
 end
 local due
 if s.df == 1 and opened == 0 then
@@ -124,7 +122,7 @@ elseif s.df == 1 or full then
   due = now
 else
   due = now + wait
-  if max_wait >= 0 then due = math.min(due, s.ft + max_wait) end
+  if max_wait >= 0 then due = math.min(due, s.an + max_wait) end
   -- never earlier than the due time given to the flight's earlier triggers (I3): a lost or
   -- retried run that rejoined it brought an older first trigger
   if opened == 0 and s.d > 0 then due = math.max(due, s.d) end
@@ -132,18 +130,13 @@ end
 if full then s.df = 1 end
 if s.nb > 0 and due < s.nb then due = s.nb end  -- a retry's backoff: triggers join the retry
 s.d = due
-local seq, countdown, kind = 0, 0, ''
-if s.ru > 0 and s.o == 0 then
-  -- the finishing run schedules this flight; at most a lease watchdog is published
-  local at, cd = watchdog(s, now)
-  if at > 0 then seq, countdown, kind = at, cd, 'watch' end
-elseif s.sc == 0 or s.sa + grace < now or s.sa > due then
-  countdown = schedule(s, due, now)
-  seq = s.q
-  kind = 'fire'
+local seq, countdown = 0, 0
+if s.ru > 0 and overlap == 0 then
+  -- the finishing run schedules the flight; the live run's lease end is in the index
+elseif s.tk == 0 or s.ta > due then
+  seq, countdown = schedule(s, due, now, c)
 end
-save(h, s, now, ttl_ms, grace, extra)
-local snap = {}
-if opened == 1 or lost > 0 then snap = snapshot(h) end
-return {s.f, s.p, fmt(s.d), fmt(seq), fmt(countdown), opened, prev_pl, fmt(prev_lt), fmt(prev_d),
-        fmt(now), lost, snap, kind, prev_df, added}
+save(h, s, o, extra)
+reindex(s, c)
+return {fmt(s.f), s.p, fmt(s.d), fmt(seq), fmt(countdown), opened, lost, fmt(s.T), fmt(s.R),
+        fmt(s.M), fmt(s.C), fmt(s.r), fmt(now)}

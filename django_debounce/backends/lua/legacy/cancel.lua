@@ -1,0 +1,17 @@
+-- Drop the pending flight. ARGV: now_us (0: Redis TIME), grace_us, ttl_ms.
+-- Returns {dropped, snapshot}.
+local h = KEYS[1]
+if redis.call('EXISTS', h) == 0 then return {0, {}} end
+local now = clock()
+local s = load_state(h)
+if s.p == 0 then return {0, {}} end
+local dropped = s.p
+s.C = s.C + dropped
+s.p = 0
+s.ft, s.lt, s.d, s.df, s.ra, s.nb = 0, 0, 0, 0, 0, 0
+s.q = s.q + 1
+s.sc = 0
+s.sa = 0
+if s.cl > 0 then redis.call('DEL', KEYS[2]) end
+save(h, s, now, tonumber(ARGV[3]), tonumber(ARGV[2]), {'pl', ''})
+return {dropped, snapshot(h)}
