@@ -22,6 +22,7 @@ from django_debounce import charts, conf, display, live
 from django_debounce.backends import get_backend
 from django_debounce.exceptions import UnknownTask
 from django_debounce.models import DebounceKey, DebounceRun
+from django_debounce.state import FlightOptions
 from django_debounce.summary import DEFAULT_PERIOD, PERIODS, summarize
 from django_debounce.tasks import get_debounced_task
 
@@ -215,10 +216,11 @@ class DebounceKeyAdmin(ReadOnlyAdmin):
             # Cancelling dispatches nothing, so keys of tasks that are no longer registered
             # (removed or renamed) are cancelled too, through the store that holds them.
             try:
-                backend = get_debounced_task(row.task_name).get_backend()
+                n = get_debounced_task(row.task_name).cancel_key(row.key_hash)
             except UnknownTask:
-                backend = get_backend(row.store)
-            n = backend.cancel(row.key_hash)
+                n = get_backend(row.store).cancel(
+                    row.key_hash, task_name=row.task_name, options=FlightOptions(wait=0.0)
+                )
             keys += 1 if n else 0
             dropped += n
         self.message_user(request, f"Cancelled {dropped} pending trigger(s) on {keys} key(s).")

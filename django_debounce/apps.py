@@ -2,16 +2,17 @@ from django.apps import AppConfig
 
 
 class DebounceConfig(AppConfig):
-    """App config of django-debounce; registers system checks and the settings-change hook."""
+    """App config of django-debounce: registers the system checks, the settings-change hook
+    and the worker bootstep (pump, lease keeper, recorder)."""
 
     name = "django_debounce"
     verbose_name = "Debounce"
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from celery.signals import worker_ready
+        from celery.signals import celeryd_init
 
         from django_debounce import backends, checks  # noqa: F401  (registers checks, signal hooks)
-        from django_debounce.recovery import recover_on_worker_start
+        from django_debounce.worker import add_step
 
-        worker_ready.connect(recover_on_worker_start, dispatch_uid="django_debounce.recover")
+        celeryd_init.connect(add_step, dispatch_uid="django_debounce.worker")

@@ -12,11 +12,12 @@ from celery import Task, shared_task
 from django.apps import apps
 from django.core.exceptions import ImproperlyConfigured, ValidationError
 from django.db import models, router
-from django.db.models.signals import post_delete
+from django.db.models.signals import m2m_changed, post_delete, post_save, pre_delete, pre_save
 from django.dispatch import Signal
 from django.utils.inspect import func_accepts_kwargs
 
 from django_debounce import conf
+from django_debounce.keys import dumps
 from django_debounce.state import RunInfo, TriggerResult
 from django_debounce.tasks import DebouncedTask
 
@@ -285,6 +286,19 @@ def _label(obj: Any) -> str | None:
     return None
 
 
+_NOTHING = object()
+
+# The keyword values Django's model signals usually send (``using`` is added: the database the
+# model writes to): left out of a receiver's stored payload and put back when it is read.
+USUAL_KWARGS: dict[Signal, dict[str, Any]] = {
+    post_save: {"created": False, "update_fields": None, "raw": False},
+    pre_save: {"update_fields": None, "raw": False},
+    post_delete: {},
+    pre_delete: {},
+    m2m_changed: {"reverse": False},
+}
+
+
 class DebouncedReceiverTask(DebouncedTask):
     """Task behind ``@debounced_receiver``: the payload names a row, the body re-reads it."""
 
@@ -309,12 +323,74 @@ class DebouncedReceiverTask(DebouncedTask):
         if self.debounce_collect:
             payload = self._payload_of(args, kwargs)
             item = {"model": payload["model"], "pk": payload["pk"]}
-            return self.key_for(item), item, None
-        return self._resolve_row(args, kwargs)
-
-    def _resolve_row(self, args: tuple, kwargs: dict) -> tuple[str, Any, str | None]:
+            return self.key_for(item), item, dumps(self.pack_item(item))
         payload = self._payload_of(args, kwargs)
-        return self.key_for(payload), payload, None
+        return self.key_for(payload), payload, dumps(self.pack(payload))
+
+    # -- the stored payload: a model code and the pk ----------------------------------------
+
+    def _default_label(self) -> str | None:
+        return _label(self.debounce_sender)
+
+    def pack(self, payload: dict[str, Any]) -> list[Any]:
+        """The stored form of a row payload, compact (a lean Redis hash): ``[pk, signal,
+        kwargs, model, sender]`` with trailing defaults left out (signal 0, the signal's usual
+        keyword values, the receiver's sender model, sender = model for a signal and ``None``
+        for a trigger by hand), so a save of a row is stored as ``[pk]`` or
+        ``[pk, 0, {"created": true}]``."""
+        model, signal = payload["model"], payload["signal"]
+        usual = self._usual_kwargs(signal, model)
+        kwargs = {k: v for k, v in payload["kwargs"].items() if usual.get(k, _NOTHING) != v}
+        out = [payload["pk"], signal, kwargs, model, payload["sender"]]
+        defaults = [_NOTHING, 0, {}, self._default_label(), model if signal is not None else None]
+        while len(out) > 1 and out[-1] == defaults[len(out) - 1]:
+            out.pop()
+        return out
+
+    def unpack(self, stored: Any) -> dict[str, Any]:
+        """The row payload of a stored one (``pack``'s form, or the full dict of earlier
+        releases)."""
+        if isinstance(stored, dict):
+            return stored
+        pk = stored[0]
+        signal = stored[1] if len(stored) > 1 else 0
+        kwargs = stored[2] if len(stored) > 2 else {}
+        model = stored[3] if len(stored) > 3 else self._default_label()
+        sender = stored[4] if len(stored) > 4 else (model if signal is not None else None)
+        return {
+            "model": model,
+            "pk": pk,
+            "sender": sender,
+            "signal": signal,
+            "kwargs": {**self._usual_kwargs(signal, model), **kwargs},
+        }
+
+    def pack_item(self, item: dict[str, Any]) -> Any:
+        """A collected item's stored form: the pk alone for a row of the sender model."""
+        if item["model"] == self._default_label():
+            return item["pk"]
+        return [item["model"], item["pk"]]
+
+    def unpack_item(self, stored: Any) -> dict[str, Any]:
+        """A collected item from its stored form (``pack_item``'s, or a full dict)."""
+        if isinstance(stored, dict):
+            return stored
+        if isinstance(stored, list):
+            return {"model": stored[0], "pk": stored[1]}
+        return {"model": self._default_label(), "pk": stored}
+
+    def _usual_kwargs(self, signal: int | None, model: str | None) -> dict[str, Any]:
+        """The keyword values ``signal`` (an index into the receiver's signals) usually sends,
+        left out of the stored payload and put back when it is read."""
+        if signal is None or signal >= len(self.debounce_signals):
+            return {}
+        usual = dict(USUAL_KWARGS.get(self.debounce_signals[signal], {}))
+        if usual and model:
+            try:
+                usual["using"] = router.db_for_write(apps.get_model(model))
+            except LookupError:
+                pass
+        return usual
 
     def _payload_of(self, args: tuple, kwargs: dict) -> dict[str, Any]:
         """The row payload of ``trigger(instance)`` or ``trigger(Model, pk)`` (no key: in
@@ -349,8 +425,15 @@ class DebouncedReceiverTask(DebouncedTask):
         """The receiver body takes the payload's fields as keywords (collect mode: the list
         of items)."""
         if self.debounce_collect:
-            return [list(payload or [])], {}
-        return [], dict(payload)
+            return [[self.unpack_item(item) for item in payload or []]], {}
+        return [], self.unpack(payload)
+
+    def key_of_payload(self, payload: Any) -> str:
+        """The readable key of a stored payload (see ``DebouncedTask.key_of_payload``)."""
+        if self.debounce_collect:
+            items = list(payload or [])
+            return self.key_for(self.unpack_item(items[0])) if items else self.name
+        return self.key_for(self.unpack(payload))
 
     def key_for(self, payload: dict[str, Any]) -> str:
         """The key of a trigger: ``key(**payload)``, else ``app_label.model:pk`` (collect
@@ -384,7 +467,12 @@ class DebouncedReceiverTask(DebouncedTask):
                     "instance; use collect=False for signals without an instance."
                 )
             payload = {"model": payload["model"], "pk": payload["pk"]}
-        self.trigger_payload(self.key_for(payload), payload, using=kwargs.get("using"))
+            stored = dumps(self.pack_item(payload))
+        else:
+            stored = dumps(self.pack(payload))
+        self.trigger_payload(
+            self.key_for(payload), payload, using=kwargs.get("using"), payload_json=stored
+        )
 
 
 def _receiver_body(

@@ -1,18 +1,66 @@
-"""Publishing dispatch messages: relative countdowns, fenced by a sequence number, JSON only."""
+"""Dispatch messages: what they carry, how they are published, and what happens when the broker
+refuses one (docs/design.md, "Messages").
+
+A dispatch message is a call of the debounced task itself with one reserved keyword argument,
+``{"__debounce__": {"k": <key hash>, "s": <seq>, "b": <store code>, "v": 2}}``: the payload is
+read from the store at claim time, and the sequence number fences duplicates. Messages are
+always JSON. A message waits at most the pump interval in the broker (its countdown); longer
+waits happen in the store's due index.
+"""
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
+from typing import Any
 
 from celery import Task
 
-from django_debounce.exceptions import PublishError
 from django_debounce.state import Dispatch
 
 logger = logging.getLogger("django_debounce")
 
 # The reserved keyword that marks a message as a dispatch message rather than a plain call.
 DISPATCH_KWARG = "__debounce__"
+VERSION = 2
+
+
+@dataclass(frozen=True)
+class Message:
+    """A parsed dispatch message. ``legacy``: a message of the previous release (a countdown
+    message ``{"k", "s", "b"}`` or a lease watchdog ``{"k", "w", "b"}``)."""
+
+    key_hash: str
+    seq: int
+    store: str | None
+    legacy: bool = False
+    watch: bool = False
+
+
+def parse_message(message: Any) -> Message | None:
+    """The ``__debounce__`` value of a task call as a ``Message``; ``None`` when it is malformed
+    (wrong keys or types, a negative or non-integer sequence: logged and dropped by the
+    caller)."""
+    if not isinstance(message, dict):
+        return None
+    k, b = message.get("k"), message.get("b")
+    if not isinstance(k, str) or len(k) != 64 or (b is not None and b not in ("d", "r")):
+        return None
+    keys = set(message)
+    if "w" in message:
+        if not keys <= {"k", "w", "b", "n"}:
+            return None
+        seq, watch = message["w"], True
+    else:
+        if not ({"k", "s"} <= keys <= {"k", "s", "b", "n", "v"}):
+            return None
+        seq, watch = message["s"], False
+    if isinstance(seq, bool) or not isinstance(seq, int) or seq < 0:
+        return None
+    version = message.get("v")
+    if version is not None and version != VERSION:
+        return None
+    return Message(k, seq, b, legacy=version is None, watch=watch)
 
 
 def is_eager(task: Task) -> bool:
@@ -20,43 +68,47 @@ def is_eager(task: Task) -> bool:
     return bool(task.app.conf.task_always_eager)
 
 
-def publish(task: Task, dispatch: Dispatch) -> None:
-    """Publish one dispatch message for ``task``: ``countdown`` seconds from now, fenced by ``seq``.
+def message_of(dispatch: Dispatch) -> dict[str, Any]:
+    """The ``__debounce__`` value of ``dispatch``."""
+    return {"k": dispatch.key_hash, "s": dispatch.seq, "b": dispatch.store, "v": VERSION}
 
-    Under ``task_always_eager`` nothing is published: the flight stays pending until
-    ``django_debounce.testing.run_due()`` or a flush (DESIGN.md, testing).
-    Raises ``PublishError`` when the broker refuses the message.
-    """
+
+def publish(task: Task, dispatch: Dispatch, producer: Any = None) -> None:
+    """Publish one dispatch message for ``task``, ``countdown`` seconds from now (never more
+    than the pump interval). Under ``task_always_eager`` nothing is published: the flight
+    stays pending until ``django_debounce.testing.run_due()`` or a flush. Raises what
+    Celery's ``apply_async`` raises when the broker refuses the message."""
     if is_eager(task):
         return
-    try:
-        if dispatch.kind == "watch":
-            message = {"k": dispatch.key_hash, "w": dispatch.seq, "b": dispatch.store}
-        else:
-            message = {"k": dispatch.key_hash, "s": dispatch.seq, "b": dispatch.store}
-        task.apply_async(
-            kwargs={DISPATCH_KWARG: message},
-            countdown=dispatch.countdown,
-            serializer="json",
-        )
-    except Exception as exc:
-        raise PublishError(
-            f"Could not publish the dispatch message of {task.name} ({exc}). The trigger was "
-            "not counted; check the Celery broker and trigger again."
-        ) from exc
+    options: dict[str, Any] = {"serializer": "json"}
+    if dispatch.countdown > 0:
+        options["countdown"] = dispatch.countdown
+    if producer is not None:
+        options["producer"] = producer
+    task.apply_async(kwargs={DISPATCH_KWARG: message_of(dispatch)}, **options)
 
 
-def publish_quietly(task: Task, dispatch: Dispatch) -> bool:
-    """Publish where the caller cannot undo the state change (worker side).
-
-    A failure is logged; the flight is re-dispatched by recovery after
-    ``DEBOUNCE_DISPATCH_GRACE`` seconds. Returns whether the publish succeeded.
-    """
+def publish_or_release(task: Task, backend: Any, dispatch: Dispatch) -> bool:
+    """Publish ``dispatch``; when the broker refuses it, put its flight back in the due index
+    (``backend.release``), where a pump publishes it once the broker is back: a trigger or a
+    run's bookkeeping never fails because the broker is down (I8). Returns whether it went
+    out."""
     try:
         publish(task, dispatch)
-    except PublishError:
-        logger.exception(
-            "django_debounce: publish failed for %s; recovery will re-dispatch", task.name
+        return True
+    except Exception as exc:
+        logger.warning(
+            "django_debounce: could not publish the dispatch message of %s (%s); the flight "
+            "waits in the due index until the broker is back",
+            task.name,
+            exc,
         )
-        return False
-    return True
+    try:
+        backend.release([dispatch])
+    except Exception:
+        logger.exception(
+            "django_debounce: could not release a dispatch of %s; the pump takes it again "
+            "after DEBOUNCE_DISPATCH_GRACE",
+            task.name,
+        )
+    return False

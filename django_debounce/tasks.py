@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import inspect
 import logging
-import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -24,8 +23,13 @@ from django.db import DEFAULT_DB_ALIAS, InterfaceError, OperationalError, connec
 from django_debounce import conf, observe
 from django_debounce.backends import get_backend
 from django_debounce.backends.base import BaseBackend
-from django_debounce.dispatch import DISPATCH_KWARG, is_eager, publish, publish_quietly
-from django_debounce.exceptions import PublishError, UnknownTask
+from django_debounce.dispatch import (
+    DISPATCH_KWARG,
+    is_eager,
+    parse_message,
+    publish_or_release,
+)
+from django_debounce.exceptions import UnknownTask
 from django_debounce.keys import (
     RESERVED_PARAMETER,
     PayloadBinder,
@@ -33,7 +37,7 @@ from django_debounce.keys import (
     key_hash,
     payload_signature,
 )
-from django_debounce.state import Claim, FireAction, RunInfo, TriggerResult
+from django_debounce.state import Claim, Finish, FireAction, FlightOptions, RunInfo, TriggerResult
 
 logger = logging.getLogger("django_debounce")
 
@@ -51,45 +55,6 @@ STORE_RETRIES = 600
 # Seconds a lease derived from a task's hard time limit adds to it: the run is killed at the
 # limit, and counted lost this much later (claim-to-start latency, clock drift).
 LEASE_MARGIN = 5.0
-
-
-class _AutoHeartbeat:
-    """While a body runs, extend its lease every ``lease / 3`` seconds from a daemon thread, so
-    a run that is alive never loses its lease however long it takes; when its worker dies the
-    heartbeats stop and the lease runs out (I7). A ``False`` heartbeat (the lease was already
-    lost) is logged and ends the thread. The thread closes its own database connections."""
-
-    def __init__(self, info: RunInfo, lease: float, label: str) -> None:
-        self.info = info
-        self.every = max(lease / 3.0, 0.05)
-        self.label = label
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._loop, name=f"debounce-heartbeat {label}")
-        self.thread.daemon = True
-
-    def _loop(self) -> None:
-        try:
-            while not self.stop.wait(self.every):
-                try:
-                    alive = self.info.heartbeat()
-                except Exception:
-                    logger.exception("django_debounce: heartbeat of %s failed", self.label)
-                    continue
-                if not alive:
-                    logger.warning(
-                        "django_debounce: %s lost its lease; its triggers run again", self.label
-                    )
-                    return
-        finally:
-            connections.close_all()
-
-    def __enter__(self) -> _AutoHeartbeat:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        self.thread.join(timeout=10)
 
 
 class _RetryRequested(Retry):
@@ -153,6 +118,24 @@ class DebouncedTask(Task):
         """Most items one run of a collecting task receives; ``None`` when not collecting."""
         return self.debounce_collect_limit if self.debounce_collect else None
 
+    def flight_options(self) -> FlightOptions:
+        """The task's configuration as the stores need it (read when used, so
+        ``override_settings`` of ``DEBOUNCE_DEFAULT_WAIT`` and ``DEBOUNCE_LEASE`` applies).
+        ``max_wait`` is never below ``wait``, as lodash's ``maxWait``."""
+        wait = self.wait
+        max_wait = self.debounce_max_wait
+        if max_wait is not None and max_wait < wait:
+            max_wait = wait
+        return FlightOptions(
+            wait=wait,
+            max_wait=max_wait,
+            leading=self.debounce_leading,
+            trailing=self.debounce_trailing,
+            overlap=self.debounce_overlap,
+            collect_limit=self.collect_limit,
+            lease=self.lease,
+        )
+
     def get_backend(self) -> BaseBackend:
         """The store of this task's keys (``backend=`` of the decorator or ``DEBOUNCE_BACKEND``)."""
         return get_backend(self.debounce_backend)
@@ -194,8 +177,10 @@ class DebouncedTask(Task):
                 f"{self._binder.sig}: {exc}"
             ) from None
         encoded = dumps(payload)
+        # stored: the arguments alone when there are no keyword arguments (a lean Redis hash)
+        stored = encoded[8:-13] if encoded.endswith(',"kwargs":{}}') else encoded
         if self.debounce_key is None:
-            return f"{self.name}:{encoded}", payload, encoded
+            return f"{self.name}:{encoded}", payload, stored
         try:
             key = self.debounce_key(*payload["args"], **payload["kwargs"])
         except TypeError as exc:
@@ -207,7 +192,7 @@ class DebouncedTask(Task):
             raise TypeError(
                 f"key= of {self.name} must return a str, got {type(key).__name__}: {key!r}."
             )
-        return key, payload, encoded
+        return key, payload, stored
 
     def _resolve_item(self, args: tuple, kwargs: dict) -> tuple[str, Any, str | None]:
         """Collect mode: ``trigger(item)`` takes one JSON value; the key is the task name, or
@@ -234,8 +219,20 @@ class DebouncedTask(Task):
         (collect mode: the list of items is the one positional argument)."""
         if self.debounce_collect:
             return [list(payload or [])], {}
+        if isinstance(payload, list):  # stored as the arguments alone (no keyword arguments)
+            return list(payload), {}
         payload = payload or {"args": [], "kwargs": {}}
         return list(payload["args"]), dict(payload["kwargs"])
+
+    def key_of_payload(self, payload: Any) -> str:
+        """The readable key of a stored payload (a claim carries no key when Redis kept only
+        a short one): the task name and canonical arguments, or ``key=`` called with them;
+        in collect mode (``payload`` is the list of items) the key of the first item."""
+        if self.debounce_collect:
+            items = list(payload or [])
+            return self._resolve_item((items[0],), {})[0] if items else self.name
+        args, kwargs = self.call_arguments(payload)
+        return self._resolve(tuple(args), kwargs)[0]
 
     # -- the public face ------------------------------------------------------------------
 
@@ -247,8 +244,9 @@ class DebouncedTask(Task):
         (``on_commit=True``, the default); the result then has ``deferred=True``.
 
         Returns a ``TriggerResult``. Raises ``TypeError`` for arguments that do not fit the
-        signature or are not JSON, and ``PublishError`` when the broker refuses the dispatch
-        message (the trigger is then not counted, invariant I8).
+        signature or are not JSON. A trigger never fails because the broker is down: its
+        flight waits in the store's due index until a pump publishes it (invariant I8); it
+        raises only when no store can record it.
         """
         key, payload, encoded = self._resolve(args, kwargs)
         return self.trigger_payload(key, payload, payload_json=encoded)
@@ -278,42 +276,17 @@ class DebouncedTask(Task):
         self, key: str, payload: Any, payload_json: str | None = None, *, deferred: bool = False
     ) -> TriggerResult:
         backend = self.get_backend()
-        wait = self.wait
-        max_wait = self.debounce_max_wait
-        if max_wait is not None and max_wait < wait:
-            max_wait = wait  # as lodash: maxWait is never below wait
-        result, dispatch, undo = backend.trigger(
+        result, dispatch = backend.trigger(
             task_name=self.name,
             key=key,
             key_hash=key_hash(self.name, key),
-            payload=payload,
-            wait=wait,
-            max_wait=max_wait,
-            overlap=self.debounce_overlap,
-            payload_json=payload_json,
-            leading=self.debounce_leading,
-            trailing=self.debounce_trailing,
-            collect_limit=self.collect_limit,
+            payload_json=payload_json if payload_json is not None else dumps(payload),
+            options=self.flight_options(),
         )
-        if dispatch is not None:
-            try:
-                publish(self, dispatch)
-            except PublishError as exc:
-                if deferred:
-                    # After a commit nobody can make the trigger again: keep it counted. Its
-                    # flight is recorded as scheduled, so recovery publishes the message once
-                    # it is DEBOUNCE_DISPATCH_GRACE overdue (never lost, only late).
-                    logger.error(
-                        "django_debounce: %s: the trigger after the commit is kept, but its "
-                        "message could not be published (%s); recovery will send it",
-                        self.name,
-                        exc,
-                    )
-                else:
-                    backend.abort_trigger(
-                        dispatch.key_hash, dispatch.seq, {**(undo or {}), "kind": dispatch.kind}
-                    )
-                    raise
+        if dispatch is not None and not is_eager(self):
+            # Due within the pump interval: out at once. A failed publish puts the flight
+            # back in the due index (the pump publishes it once the broker is back).
+            publish_or_release(self, backend, dispatch)
         observe.triggered(self, result)
         return result
 
@@ -326,20 +299,26 @@ class DebouncedTask(Task):
         return self.flush_key(key_hash(self.name, self._key_of(args, kwargs)))
 
     def flush_key(self, hashed: str) -> bool:
-        """``flush`` for a key hash (admin "run now")."""
+        """``flush`` for a key hash (admin "run now"); returns whether a flight was pending."""
         backend = self.get_backend()
-        dispatch = backend.flush(hashed)
-        if dispatch is None:
-            return False
-        if is_eager(self):
-            self.fire(hashed, dispatch.seq, store=dispatch.store, in_worker=False)
-        else:
-            publish_quietly(self, dispatch)
-        return True
+        pending = backend.pending_counts([hashed]).get(hashed, 0)
+        dispatch = backend.flush(hashed, task_name=self.name, options=self.flight_options())
+        if dispatch is not None:
+            if is_eager(self):
+                self.fire(hashed, dispatch.seq, store=dispatch.store, in_worker=False)
+            else:
+                publish_or_release(self, backend, dispatch)
+        return bool(pending)
 
     def cancel(self, *args: Any, **kwargs: Any) -> int:
-        """Drop the pending flight for these arguments; returns how many triggers were dropped."""
-        return self.get_backend().cancel(key_hash(self.name, self._key_of(args, kwargs)))
+        """Drop the pending flight for these arguments and reset the key's edge (lodash's
+        ``cancel()``: the next trigger of a ``leading=True`` task leads at once); returns how
+        many triggers were dropped. A run already claimed goes on."""
+        return self.cancel_key(key_hash(self.name, self._key_of(args, kwargs)))
+
+    def cancel_key(self, hashed: str) -> int:
+        """``cancel`` for a key hash (admin "cancel pending")."""
+        return self.get_backend().cancel(hashed, task_name=self.name, options=self.flight_options())
 
     def _key_of(self, args: tuple, kwargs: dict) -> str:
         """The key that ``trigger(*args, **kwargs)`` would count under; for a collecting task
@@ -366,28 +345,33 @@ class DebouncedTask(Task):
             if self._wants_runinfo():
                 kwargs.setdefault(RESERVED_PARAMETER, None)
             return super().__call__(*args, **kwargs)
-        if not isinstance(message, dict) or not (
-            {"k", "s"} <= set(message) <= {"k", "s", "b", "n"}
-            or {"k", "w"} <= set(message) <= {"k", "w", "b", "n"}
-        ):
-            logger.error("django_debounce: malformed dispatch message for %s dropped", self.name)
+        parsed = parse_message(message)
+        if parsed is None:
+            logger.error(
+                "django_debounce: malformed dispatch message for %s dropped: %r",
+                self.name,
+                message,
+            )
             return None
+        if parsed.legacy:
+            from django_debounce import legacy
+
+            return legacy.handle(self, parsed)
         try:
-            if "w" in message:
-                return self.watch(str(message["k"]), int(message["w"]), store=message.get("b"))
-            return self.fire(str(message["k"]), int(message["s"]), store=message.get("b"))
+            return self.fire(parsed.key_hash, parsed.seq, store=parsed.store)
         except STORE_ERRORS as exc:
             return self._store_unavailable(message, exc)
 
     def _store_unavailable(self, message: dict[str, Any], exc: BaseException) -> None:
         """The store of a dispatch message is unreachable: deliver the same message again
-        later (every ``STORE_RETRY_DELAY`` seconds, at most ``STORE_RETRIES`` times), so a
-        Redis outage delays flights instead of losing them."""
+        a second later (at most ``STORE_RETRIES`` times), so an outage delays flights instead
+        of losing them; past that, the pump takes the flight again once
+        ``DEBOUNCE_DISPATCH_GRACE`` has passed."""
         attempt = int(message.get("n", 0)) + 1
         if attempt > STORE_RETRIES:
             logger.error(
                 "django_debounce: store unreachable for %s, giving up on a dispatch "
-                "message after %d attempts (%s); recovery will re-dispatch",
+                "message after %d attempts (%s); the pump takes its flight again",
                 self.name,
                 attempt - 1,
                 exc,
@@ -416,38 +400,14 @@ class DebouncedTask(Task):
         result when this message claimed the flight, else ``None``. ``store`` names the store
         that issued the message (``"d"``/``"r"``), for the ``auto`` backend."""
         backend = self.get_backend()
-        hold = conf.seconds_of("REARM_HOLD") if in_worker else 0.0
-        while True:
-            decision = backend.fire(
-                hashed,
-                seq,
-                overlap=self.debounce_overlap,
-                lease=self.lease,
-                store=store,
-                collect_limit=self.collect_limit,
-            )
-            rearm = decision.dispatch if decision.action is FireAction.REARM else None
-            if rearm is not None and rearm.countdown <= hold and rearm.kind == "fire":
-                # The flight is due within the hold: wait for it here and deliver the new
-                # message in-process (its sequence is the valid one) instead of publishing it.
-                # A burst then costs one message; a worker that dies while waiting leaves a
-                # message the store counts as outstanding, re-dispatched after the grace.
-                time.sleep(rearm.countdown)
-                hold -= rearm.countdown
-                seq, store = rearm.seq, rearm.store
-                continue
-            break
-        if decision.dispatch is not None:
-            publish_quietly(self, decision.dispatch)
+        decision = backend.fire(
+            hashed, seq, task_name=self.name, options=self.flight_options(), store=store
+        )
+        if decision.dispatch is not None and not is_eager(self):
+            publish_or_release(self, backend, decision.dispatch)
         if decision.action is not FireAction.CLAIM or decision.claim is None:
             return None
         return self.run_claim(backend, decision.claim, in_worker=in_worker)
-
-    def watch(self, hashed: str, at: int, *, store: str | None = None) -> None:
-        """Handle a lease watchdog: the store redoes a lost run and re-arms while one is live."""
-        dispatch = self.get_backend().watch(hashed, at, store=store)
-        if dispatch is not None:
-            publish_quietly(self, dispatch)
 
     def retry(  # type: ignore[override]
         self,
@@ -520,8 +480,9 @@ class DebouncedTask(Task):
         shows the task as retried); in-process (``run_due``, eager flush) and after the last
         retry, the body's exception propagates.
         """
+        options = self.flight_options()
         info = RunInfo(
-            key=claim.key,
+            key=claim.key or self.key_of_payload(claim.payload),
             flight_id=claim.flight_id,
             run_id=claim.run_id,
             triggers=claim.triggers,
@@ -529,7 +490,13 @@ class DebouncedTask(Task):
             last_trigger_at=claim.last_trigger_at,
             attempt=claim.attempt,
             _heartbeat=partial(
-                backend.heartbeat, claim.key_hash, claim.run_id, self.lease, store=claim.store
+                backend.heartbeat,
+                claim.key_hash,
+                claim.run_id,
+                options.lease,
+                task_name=self.name,
+                options=options,
+                store=claim.store,
             ),
         )
         max_retries = self.max_retries
@@ -548,8 +515,9 @@ class DebouncedTask(Task):
             kwargs[RESERVED_PARAMETER] = info
         started = observe.run_started(self, claim)
         try:
-            with _AutoHeartbeat(info, self.lease, f"{self.name} run {claim.run_id}"):
-                result = self._call_body(args, kwargs, claim.attempt)
+            # In a worker, the lease keeper (keeper.py) extends the lease from the main
+            # process while the body runs; `debounce.heartbeat()` does it by hand.
+            result = self._call_body(args, kwargs, claim.attempt)
         except Exception as exc:
             countdown, cause = None, exc
             if isinstance(exc, _RetryRequested):
@@ -596,9 +564,9 @@ class DebouncedTask(Task):
             follow = backend.finish(
                 claim.key_hash,
                 claim.run_id,
-                ok=ok,
-                error=error,
-                retry_in=retry_in,
+                Finish(ok=ok, error=error, retry_in=retry_in),
+                task_name=self.name,
+                options=self.flight_options(),
                 store=claim.store,
             )
         except STORE_ERRORS:
@@ -608,8 +576,8 @@ class DebouncedTask(Task):
                 "django_debounce: could not record the finish of %s run %s", self.name, claim.run_id
             )
             return
-        if follow is not None:
-            publish_quietly(self, follow)
+        if follow is not None and not is_eager(self):
+            publish_or_release(self, backend, follow)
 
 
 def registered_debounced_tasks() -> list[Any]:

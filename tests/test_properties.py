@@ -544,7 +544,9 @@ class StoreAgainstModel(RuleBasedStateMachine):
         )
         ok = outcome == "ok"
         retry = retry_in if outcome == "retry" else None
-        end = Finish(ok=ok, error="" if ok else "boom", retry_in=None if retry is None else retry / US)
+        end = Finish(
+            ok=ok, error="" if ok else "boom", retry_in=None if retry is None else retry / US
+        )
         real = self.backend.finish(
             key.hash,
             run.run_id,
@@ -626,7 +628,9 @@ class StoreAgainstModel(RuleBasedStateMachine):
     def flush(self, k: int) -> None:
         key = self.keys[k % len(self.keys)]
         now = self.tick()
-        real = self.backend.flush(key.hash, task_name=key.task, options=options(key.cfg), now=dt(now))
+        real = self.backend.flush(
+            key.hash, task_name=key.task, options=options(key.cfg), now=dt(now)
+        )
         expected = key.model.flush(now)
         self.same_dispatch(key, real, expected, f"flush {key.name}")
         self.publish(key, real, expected, now)
@@ -641,7 +645,9 @@ class StoreAgainstModel(RuleBasedStateMachine):
     def cancel(self, k: int) -> None:
         key = self.keys[k % len(self.keys)]
         now = self.tick()
-        got = self.backend.cancel(key.hash, task_name=key.task, options=options(key.cfg), now=dt(now))
+        got = self.backend.cancel(
+            key.hash, task_name=key.task, options=options(key.cfg), now=dt(now)
+        )
         want = key.model.cancel(now)
         assert got == want, f"cancel {key.name}: store {got}, model {want}"
         if want:
@@ -746,9 +752,7 @@ class StoreAgainstModel(RuleBasedStateMachine):
 def test_store_agrees_with_the_model(store: str) -> None:
     """Each store (Redis; the database under test) against the model, I1-I8 after each step."""
     examples = int(os.environ.get("DEBOUNCE_PROPERTY_EXAMPLES", EXAMPLES[store]))
-    with override_settings(
-        DEBOUNCE_DISPATCH_GRACE=RETAKE / US, DEBOUNCE_PUMP_INTERVAL=DIRECT / US
-    ):
+    with override_settings(DEBOUNCE_DISPATCH_GRACE=RETAKE / US, DEBOUNCE_PUMP_INTERVAL=DIRECT / US):
         run_state_machine_as_test(
             StoreAgainstModel, settings=settings(SETTINGS, max_examples=examples)
         )

@@ -1,9 +1,11 @@
-"""The default store: Redis when the configured cache alias is django-redis and answers,
-the database otherwise; a Redis failure during a trigger falls back to the database.
+"""The default store: Redis when it is configured and answers, the database otherwise; a Redis
+failure during a trigger falls back to the database (docs/design.md, "Failover").
 
-Guarantee while Redis is failing (see README, "Redis outages"): every trigger is accepted and
-covered by a run (at least once, never lost). While both stores hold a flight for one key,
-a run from each may overlap.
+Each dispatch message names the store that issued it (``"r"``/``"d"``), and every later step
+of that flight goes to the same store. Both stores keep their own due index; the pump takes
+from both. Guarantee while Redis is failing (see docs/operations.md, "Redis outages"): every
+trigger is accepted and covered by a run (at least once, never lost). While both stores hold
+a flight for one key, a run from each may overlap.
 """
 
 from __future__ import annotations
@@ -16,9 +18,8 @@ from typing import Any
 from django.conf import settings
 
 from django_debounce import conf, observe
-from django_debounce.backends.base import BaseBackend
+from django_debounce.backends.base import BaseBackend, Taken
 from django_debounce.backends.database import DatabaseBackend
-from django_debounce.state import FireAction
 
 logger = logging.getLogger("django_debounce")
 
@@ -60,11 +61,17 @@ class AutoBackend(BaseBackend):
 
     @property
     def redis(self) -> Any:
-        """The Redis store, or ``None`` when the cache alias is not django-redis."""
+        """The Redis store, or ``None`` when no Redis is configured (no ``DEBOUNCE_REDIS_URL``
+        or ``DEBOUNCE_REDIS_CLUSTER``, and the cache alias is not django-redis)."""
         if self._redis is None:
             alias = conf.get("CACHE_ALIAS")
             backend = settings.CACHES.get(alias, {}).get("BACKEND", "")
-            if backend.startswith("django_redis.") and self.errors:
+            configured = (
+                conf.get("REDIS_URL")
+                or conf.get("REDIS_CLUSTER")
+                or backend.startswith("django_redis.")
+            )
+            if configured and self.errors:
                 from django_debounce.backends.redis import RedisBackend
 
                 self._redis = RedisBackend()
@@ -99,12 +106,12 @@ class AutoBackend(BaseBackend):
 
     def _store(self, store: str | None) -> BaseBackend:
         if store == "r" and self.redis is not None:
-            return self.redis
+            return self.redis  # type: ignore[no-any-return]
         return self.database
 
-    # -- operations -----------------------------------------------------------------------
+    # -- triggers ---------------------------------------------------------------------------
 
-    def trigger(self, **kwargs: Any):
+    def trigger(self, **kwargs: Any):  # type: ignore[override]
         redis = self._usable()
         if redis is not None:
             try:
@@ -121,53 +128,92 @@ class AutoBackend(BaseBackend):
             observe.fallback(kwargs["task_name"])
         return self.database.trigger(**kwargs)
 
-    def abort_trigger(self, key_hash, seq, undo):
-        if "last" in undo:  # issued by the Redis store
-            return self.redis.abort_trigger(key_hash, seq, undo)
-        return self.database.abort_trigger(key_hash, seq, undo)
+    # -- the pump ---------------------------------------------------------------------------
 
-    def fire(self, key_hash, seq, *, overlap, lease, now=None, store=None, collect_limit=None):
-        kw = {"overlap": overlap, "lease": lease, "now": now, "collect_limit": collect_limit}
-        if store == "r" and self.redis is not None:
-            decision = self.redis.fire(key_hash, seq, **kw)
-            if decision.action is not FireAction.MISSING:
-                return decision
-            # Redis lost the state (restarted empty): run the flight from its durable record.
-            return self.database.fire(key_hash, None, **kw)
-        if seq is None and self.redis is not None:
-            decision = self.redis.fire(key_hash, None, **kw)
-            if decision.action is not FireAction.MISSING:
-                return decision
-        return self.database.fire(key_hash, seq, **kw)
-
-    def finish(self, key_hash, run_id, *, ok, error="", retry_in=None, store=None, now=None):
-        return self._store(store).finish(
-            key_hash, run_id, ok=ok, error=error, retry_in=retry_in, now=now
-        )
-
-    def watch(self, key_hash, at, *, store=None, now=None):
-        return self._store(store).watch(key_hash, at, now=now)
-
-    def heartbeat(self, key_hash, run_id, lease, *, store=None, now=None):
-        return self._store(store).heartbeat(key_hash, run_id, lease, now=now)
-
-    def flush(self, key_hash, *, now=None):
+    def peek(self, task_names, *, now=None):
+        times = [self.database.peek(task_names, now=now)]
         redis = self._usable()
         if redis is not None:
-            dispatch = redis.flush(key_hash, now=now)
+            try:
+                times.append(redis.peek(task_names, now=now))
+            except self.errors as exc:
+                self._failed(exc)
+        known = [t for t in times if t is not None]
+        return min(known) if known else None
+
+    def take(self, tasks, limit, *, now=None):
+        out = Taken()
+        redis = self._usable()
+        if redis is not None:
+            try:
+                out = redis.take(tasks, limit, now=now)
+            except self.errors as exc:
+                self._failed(exc)
+        db = self.database.take(tasks, max(limit - len(out.dispatches), 0), now=now)
+        nexts = [t for t in (out.next_in, db.next_in) if t is not None]
+        return Taken(
+            out.dispatches + db.dispatches,
+            out.again + db.again,
+            min(nexts) if nexts else None,
+        )
+
+    def release(self, dispatches, *, now=None):
+        redis = [d for d in dispatches if d.store == "r"]
+        if redis and self.redis is not None:
+            self.redis.release(redis, now=now)
+        database = [d for d in dispatches if d.store != "r"]
+        if database:
+            self.database.release(database, now=now)
+
+    # -- the worker -------------------------------------------------------------------------
+
+    def fire(self, key_hash, seq, *, task_name, options, now=None, store=None):
+        return self._store(store).fire(key_hash, seq, task_name=task_name, options=options, now=now)
+
+    def finish(self, key_hash, run_id, end, *, task_name, options, now=None, store=None):
+        return self._store(store).finish(
+            key_hash, run_id, end, task_name=task_name, options=options, now=now
+        )
+
+    def heartbeat(self, key_hash, run_id, lease, *, task_name, options, now=None, store=None):
+        return self._store(store).heartbeat(
+            key_hash, run_id, lease, task_name=task_name, options=options, now=now
+        )
+
+    def extend(self, runs, *, now=None):
+        out: list[float | None] = [None] * len(runs)
+        for code in ("r", "d"):
+            picked = [i for i, run in enumerate(runs) if (run.store == "r") == (code == "r")]
+            if not picked:
+                continue
+            got = self._store(code).extend([runs[i] for i in picked], now=now)
+            for i, value in zip(picked, got, strict=True):
+                out[i] = value
+        return out
+
+    # -- operators --------------------------------------------------------------------------
+
+    def flush(self, key_hash, *, task_name, options, now=None):
+        redis = self._usable()
+        if redis is not None:
+            dispatch = redis.flush(key_hash, task_name=task_name, options=options, now=now)
             if dispatch is not None:
                 return dispatch
         # The row is the database store's state only when that store owns it; a row mirrored
         # from Redis is a record, not a flight.
         if redis is None or self._database_owns(key_hash):
-            return self.database.flush(key_hash, now=now)
+            return self.database.flush(key_hash, task_name=task_name, options=options, now=now)
         return None
 
-    def cancel(self, key_hash, *, now=None):
+    def cancel(self, key_hash, *, task_name, options, now=None):
         redis = self._usable()
-        dropped = redis.cancel(key_hash, now=now) if redis is not None else 0
+        dropped = (
+            redis.cancel(key_hash, task_name=task_name, options=options, now=now)
+            if redis is not None
+            else 0
+        )
         if redis is None or self._database_owns(key_hash):
-            dropped += self.database.cancel(key_hash, now=now)
+            dropped += self.database.cancel(key_hash, task_name=task_name, options=options, now=now)
         return dropped
 
     def due_keys(self, now=None, task_names=None):
@@ -175,42 +221,7 @@ class AutoBackend(BaseBackend):
         keys = redis.due_keys(now, task_names) if redis is not None else []
         return list(dict.fromkeys(keys + self.database.due_keys(now, task_names)))
 
-    def recover(self, *, grace, adopt=(), now=None):
-        redis = self._usable()
-        if redis is None:
-            return self.database.recover(grace=grace, now=now)
-        out: list[Any] = []
-        gone: list[str] = []
-        try:
-            # Triggers that a hung Redis took after their clients had timed out and fell back
-            # to the database: the record says "database, idle", Redis still holds them.
-            out = redis.recover(grace=grace, now=now, also=redis.held(self._fallen_back()))
-            # Flights whose Redis state is gone (Redis restarted empty) run from the record.
-            gone = redis.missing(redis.live_hashes())
-        except self.errors as exc:
-            # Redis failed during recovery: the database store's flights are recovered anyway.
-            self._failed(exc)
-        return out + self.database.recover(grace=grace, adopt=gone, now=now)
-
-    def _fallen_back(self) -> list[tuple[str, str]]:
-        """Idle keys the database store took over, recently enough (twice
-        ``DEBOUNCE_REDIS_TTL``) that Redis may still hold state of theirs."""
-        from datetime import timedelta
-
-        from django.utils import timezone
-
-        from django_debounce.models import DebounceKey
-        from django_debounce.tasks import registered_debounced_tasks
-
-        since = timezone.now() - timedelta(seconds=2 * conf.seconds_of("REDIS_TTL"))
-        # Tasks pinned to the database store never have Redis state.
-        pinned = [t.name for t in registered_debounced_tasks() if t.debounce_backend == "database"]
-        return list(
-            DebounceKey.objects.using(self.database.alias)
-            .filter(store="database", state=DebounceKey.State.IDLE, updated_at__gte=since)
-            .exclude(task_name__in=pinned)
-            .values_list("task_name", "key_hash")
-        )
+    # -- reading ----------------------------------------------------------------------------
 
     def live_state(self, key_hash):
         redis = self._usable()
@@ -230,6 +241,15 @@ class AutoBackend(BaseBackend):
             .exists()
         )
 
+    def live_rows(self, key_hashes):
+        redis = self._usable()
+        if redis is None:
+            return {}
+        try:
+            return redis.live_rows(key_hashes)  # type: ignore[no-any-return]
+        except self.errors:
+            return {}
+
     def pending_counts(self, key_hashes):
         counts = self.database.pending_counts(key_hashes)
         redis = self._usable()
@@ -247,3 +267,21 @@ class AutoBackend(BaseBackend):
             )
             counts.update({h: n for h, n in live.items() if h in in_redis})
         return counts
+
+    def index_stats(self, task_names=None):
+        out = dict(self.database.index_stats(task_names))
+        redis = self._usable()
+        if redis is not None:
+            from django_debounce.state import IndexStats
+
+            for name, got in redis.index_stats(task_names).items():
+                mine = out.get(name)
+                if mine is None:
+                    out[name] = got
+                else:
+                    out[name] = IndexStats(
+                        mine.depth + got.depth,
+                        mine.due + got.due,
+                        max(mine.oldest_due_age, got.oldest_due_age),
+                    )
+        return out

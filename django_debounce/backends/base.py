@@ -42,13 +42,15 @@ class Taken:
 @dataclass(frozen=True)
 class LiveRun:
     """A run the lease keeper keeps alive: claimed by message ``seq`` of ``key_hash`` for task
-    ``task_name`` (whose options the store needs), with a lease of ``lease`` seconds."""
+    ``task_name`` (whose options the store needs), with a lease of ``lease`` seconds;
+    ``store`` is the store code of its message (for ``auto``)."""
 
     key_hash: str
     seq: int
     lease: float
     task_name: str
     options: FlightOptions
+    store: str = ""
 
 
 class BaseBackend:

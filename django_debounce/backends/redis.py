@@ -458,9 +458,7 @@ class RedisBackend(BaseBackend):
         """Shards whose `next` of some task in ``names`` is due (a lower bound: a shard may
         have nothing due after all)."""
         keys = [self.shard_prefix(s) + "next:" + t for s in range(SHARDS) for t in names]
-        values = (
-            self.client.mget_nonatomic(keys) if self.cluster else self.client.mget(keys)
-        )
+        values = self.client.mget_nonatomic(keys) if self.cluster else self.client.mget(keys)
         if now is not None:
             at = _us(now)
         else:
@@ -756,4 +754,3 @@ class RedisBackend(BaseBackend):
         """The raw hash of ``key_hash`` (tests, ``debounce_status --key``)."""
         raw = self.client.hgetall(self.state_key(key_hash))
         return {_s(k): _s(v) for k, v in raw.items()} if raw else None
-

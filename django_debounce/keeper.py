@@ -1,0 +1,169 @@
+"""The lease keeper: keeps the leases of a worker's live runs alive from its main process
+(docs/design.md, "Leases").
+
+A run holds a lease in the store; past it the run counts as lost and is redone (I7). One
+keeper per worker, in the main process, extends the leases of all the runs its pool is
+executing, in one batch per store every ``lease / 3`` seconds: a body that holds the GIL in C
+code or never yields cannot starve it (it lives in another process under prefork), and no
+thread is started per run. A run is known by its dispatch message (key hash and sequence),
+which the main process holds for every request it has handed to the pool.
+
+When the store cannot be reached, the keeper stops a run before its lease ends (minus a
+margin) by terminating the pool process that runs it (prefork), so the run that redoes it
+never overlaps it (I2). Pools that cannot terminate one task (threads, gevent, eventlet,
+solo) are warned about at worker start.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+from django_debounce.backends.base import LiveRun
+from django_debounce.dispatch import DISPATCH_KWARG, parse_message
+
+logger = logging.getLogger("django_debounce")
+
+# Seconds before a lease ends by which a run whose lease could not be renewed is stopped.
+MARGIN = 2.0
+
+
+@dataclass
+class _Tracked:
+    deadline: float  # wall-clock time until which the lease is known to hold
+    lease: float
+    claimed: bool = False
+
+
+class LeaseKeeper:
+    """Extends the leases of the live debounced runs of one worker (``pool``: the worker's
+    pool, used to terminate a run whose lease cannot be renewed)."""
+
+    def __init__(self, pool: Any = None) -> None:
+        self.pool = pool
+        self._stop = threading.Event()
+        self.thread: threading.Thread | None = None
+        self.tracked: dict[str, _Tracked] = {}
+        self.extended = 0
+        self.terminated = 0
+
+    def live(self) -> list[tuple[Any, Any, Any]]:
+        """``(request, task, message)`` of every active request that is a debounced run."""
+        from celery.worker import state
+
+        from django_debounce.tasks import DebouncedTask
+
+        out = []
+        for request in list(state.active_requests):
+            task = getattr(request, "task", None)
+            if not isinstance(task, DebouncedTask):
+                continue
+            try:
+                kwargs = request.kwargs or {}
+            except Exception:
+                continue
+            message = parse_message(kwargs.get(DISPATCH_KWARG))
+            if message is None or message.legacy:
+                continue
+            out.append((request, task, message))
+        return out
+
+    def tick(self) -> float:
+        """Extend every live run's lease; stop runs whose lease could not be renewed in time.
+        Returns the seconds until the next tick."""
+        runs = self.live()
+        now = time.time()
+        seen = set()
+        by_store: dict[Any, list[tuple[Any, Any, Any, LiveRun]]] = defaultdict(list)
+        leases: list[float] = []
+        for request, task, message in runs:
+            seen.add(request.id)
+            options = task.flight_options()
+            tracked = self.tracked.get(request.id)
+            if tracked is None:
+                # claimed after the request started: its lease ends no earlier than this
+                start = request.time_start or now
+                tracked = self.tracked[request.id] = _Tracked(start + options.lease, options.lease)
+            leases.append(options.lease)
+            run = LiveRun(
+                message.key_hash,
+                message.seq,
+                options.lease,
+                task.name,
+                options,
+                message.store or "",
+            )
+            by_store[task.get_backend()].append((request, task, message, run))
+        # every run's lease is extended at least three times per lease; with no run, look at
+        # the active set again soon (that costs no store call)
+        every = max(min(leases) / 3.0, 0.2) if leases else 0.5
+        for request_id in list(self.tracked):
+            if request_id not in seen:
+                del self.tracked[request_id]
+        for backend, items in by_store.items():
+            try:
+                ends = backend.extend([item[3] for item in items])
+            except Exception as exc:
+                logger.warning("django_debounce: could not extend leases (%s)", exc)
+                ends = [None] * len(items)
+                failed = True
+            else:
+                failed = False
+            for (request, task, _message, _run), end in zip(items, ends, strict=True):
+                tracked = self.tracked[request.id]
+                if end is not None:
+                    tracked.deadline = now + end
+                    tracked.claimed = True
+                    self.extended += 1
+                elif tracked.claimed and not failed:
+                    # the store says the run is not live: it finished (the request leaves the
+                    # active set in a moment) or its lease was lost; the deadline decides
+                    pass
+                if now >= tracked.deadline - min(MARGIN, tracked.lease / 4):
+                    self._stop_run(request, task)
+        return every
+
+    def _stop_run(self, request: Any, task: Any) -> None:
+        """Terminate the pool process of a run whose lease is about to end unrenewed."""
+        if self.pool is None or not getattr(request, "worker_pid", None):
+            return
+        logger.error(
+            "django_debounce: the lease of %s[%s] could not be renewed; stopping the run so that "
+            "its redo never overlaps it",
+            task.name,
+            request.id,
+        )
+        try:
+            request.terminate(self.pool, signal="SIGKILL")
+            self.terminated += 1
+        except Exception:
+            logger.exception("django_debounce: could not stop %s[%s]", task.name, request.id)
+        self.tracked.pop(request.id, None)
+
+    def run(self) -> None:
+        from django.db import close_old_connections
+
+        while not self._stop.is_set():
+            close_old_connections()
+            try:
+                every = self.tick()
+            except Exception:
+                logger.exception("django_debounce: lease keeper tick failed")
+                every = 1.0
+            self._stop.wait(every)
+
+    def start(self) -> None:
+        self._stop.clear()
+        self.thread = threading.Thread(
+            target=self.run, name="django-debounce lease keeper", daemon=True
+        )
+        self.thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        if self.thread is not None:
+            self.thread.join(timeout=timeout)

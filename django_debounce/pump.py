@@ -1,0 +1,224 @@
+"""The pump: publishes the dispatch messages of flights that are due, from the store's due index
+(docs/design.md, "Dispatch at scale").
+
+Every Celery worker runs one in its main process (``PumpStep``, a bootstep started after the
+pool, stopped before it), in a thread of its own: never in Celery's consumer loop, which must
+keep fetching messages, and never in pool children. ``manage.py debounce_pump`` runs one on
+its own. Several pumps on several hosts share the work: a take is atomic in the store, so no
+entry is published twice by two pumps; a pump killed mid-batch loses nothing (its entries are
+taken again after ``DEBOUNCE_DISPATCH_GRACE``, with the same sequence numbers).
+
+Each tick a pump peeks at the index of the tasks registered in its process (a pump never
+publishes a task it cannot route), takes what is due in batches, publishes each message, and
+releases the ones the broker refused. Then it sleeps until the earliest entry left, at most
+``DEBOUNCE_PUMP_INTERVAL`` seconds (flights due sooner than that after the step that makes
+them due are published by that step itself), with a little jitter so pumps do not move in
+step. It stops taking for a queue that already holds ``DEBOUNCE_PUMP_QUEUE_CAP`` messages:
+a backlog waits in the store, not in the broker, and is never mistaken for lost messages.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from django_debounce import conf
+from django_debounce.backends.base import BaseBackend
+from django_debounce.dispatch import publish
+from django_debounce.state import Dispatch, FlightOptions
+
+logger = logging.getLogger("django_debounce")
+
+
+@dataclass
+class PumpStats:
+    """What the pumps of this process did (for ``debounce_status`` and the metrics)."""
+
+    published: int = 0
+    again: int = 0
+    released: int = 0
+    ticks: int = 0
+    last_tick_seconds: float = 0.0
+    capped: set[str] = field(default_factory=set)
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+
+stats = PumpStats()
+
+
+def registered_tasks() -> dict[str, Any]:
+    """Name -> task of every debounced task registered in this process."""
+    from django_debounce.tasks import registered_debounced_tasks
+
+    return {task.name: task for task in registered_debounced_tasks()}
+
+
+def queue_of(task: Any) -> str | None:
+    """The queue Celery routes ``task``'s messages to (``None`` when it cannot tell)."""
+    try:
+        route = task.app.amqp.router.route({}, task.name)
+        queue = route.get("queue")
+        return getattr(queue, "name", queue)
+    except Exception:  # a router that needs arguments: no cap for it
+        return None
+
+
+class Pump:
+    """One pump: ``tick()`` publishes what is due now and returns how long to sleep; ``run()``
+    loops until ``stop()``. ``tasks`` (name -> task) defaults to the registered debounced
+    tasks, read at every tick."""
+
+    def __init__(self, app: Any = None, tasks: dict[str, Any] | None = None) -> None:
+        self.app = app
+        self._tasks = tasks
+        self._stop = threading.Event()
+        self.thread: threading.Thread | None = None
+        self._depths: dict[str, tuple[float, int]] = {}
+
+    # -- one tick ---------------------------------------------------------------------------
+
+    def tasks(self) -> dict[str, Any]:
+        return self._tasks if self._tasks is not None else registered_tasks()
+
+    def groups(self) -> dict[BaseBackend, dict[str, Any]]:
+        """The tasks grouped by the store that holds their keys."""
+        out: dict[BaseBackend, dict[str, Any]] = defaultdict(dict)
+        for name, task in self.tasks().items():
+            out[task.get_backend()][name] = task
+        return out
+
+    def tick(self) -> float:
+        """Publish every flight due now (in batches); returns the seconds until the earliest
+        entry left (at most ``DEBOUNCE_PUMP_INTERVAL``)."""
+        started = time.monotonic()
+        interval = conf.seconds_of("PUMP_INTERVAL")
+        batch = int(conf.get("PUMP_BATCH"))
+        sleep = interval
+        for backend, tasks in self.groups().items():
+            try:
+                sleep = min(sleep, self._pump(backend, tasks, batch))
+            except Exception:
+                logger.exception("django_debounce: pump tick failed for the %s store", backend.name)
+        with stats.lock:
+            stats.ticks += 1
+            stats.last_tick_seconds = time.monotonic() - started
+        return max(sleep, 0.0)
+
+    def _pump(self, backend: BaseBackend, tasks: dict[str, Any], batch: int) -> float:
+        """Take and publish until nothing is due (or queues are full); the sleep after."""
+        interval = conf.seconds_of("PUMP_INTERVAL")
+        next_in = backend.peek(list(tasks))
+        while next_in is not None and next_in <= 0:
+            open_tasks = self._uncapped(tasks)
+            if not open_tasks:
+                return min(interval, 0.5)
+            options: dict[str, FlightOptions] = {
+                name: task.flight_options() for name, task in open_tasks.items()
+            }
+            taken = backend.take(options, batch)
+            self._publish(backend, open_tasks, taken.dispatches)
+            with stats.lock:
+                stats.again += taken.again
+            next_in = taken.next_in
+            if len(taken.dispatches) < batch:
+                break
+        if next_in is None:
+            return interval
+        return min(max(next_in, 0.0), interval)
+
+    def _publish(
+        self, backend: BaseBackend, tasks: dict[str, Any], dispatches: list[Dispatch]
+    ) -> None:
+        if not dispatches:
+            return
+        failed: list[Dispatch] = []
+        sent = 0
+        app = self.app or next(iter(tasks.values())).app
+        with app.producer_or_acquire() as producer:
+            for dispatch in dispatches:
+                task = tasks.get(dispatch.task_name)
+                if task is None:  # the store gave a task this pump did not ask for
+                    failed.append(dispatch)
+                    continue
+                try:
+                    publish(task, dispatch, producer=producer)
+                    sent += 1
+                except Exception as exc:
+                    logger.warning(
+                        "django_debounce: pump could not publish %s (%s); the flight waits in "
+                        "the due index",
+                        dispatch.task_name,
+                        exc,
+                    )
+                    failed.append(dispatch)
+        if failed:
+            try:
+                backend.release(failed)
+            except Exception:
+                logger.exception("django_debounce: could not release %d dispatches", len(failed))
+        with stats.lock:
+            stats.published += sent
+            stats.released += len(failed)
+
+    def _uncapped(self, tasks: dict[str, Any]) -> dict[str, Any]:
+        """The tasks whose queue holds fewer than ``DEBOUNCE_PUMP_QUEUE_CAP`` messages (queue
+        depths are read from the broker at most once a second)."""
+        cap = int(conf.get("PUMP_QUEUE_CAP"))
+        if cap <= 0:
+            return tasks
+        out = {}
+        capped = set()
+        for name, task in tasks.items():
+            queue = queue_of(task)
+            if queue is None or self._depth(task, queue) < cap:
+                out[name] = task
+            else:
+                capped.add(queue)
+        with stats.lock:
+            stats.capped = capped
+        return out
+
+    def _depth(self, task: Any, queue: str) -> int:
+        now = time.monotonic()
+        cached = self._depths.get(queue)
+        if cached is not None and now - cached[0] < 1.0:
+            return cached[1]
+        try:
+            with task.app.connection_for_write() as conn:
+                depth = int(conn.default_channel.queue_declare(queue=queue, passive=True)[1])
+        except Exception:  # a transport that cannot tell: no cap
+            depth = 0
+        self._depths[queue] = (now, depth)
+        return depth
+
+    # -- the loop ---------------------------------------------------------------------------
+
+    def run(self) -> None:
+        """Tick until ``stop()``, sleeping between ticks (with up to 10% jitter)."""
+        from django.db import close_old_connections
+
+        while not self._stop.is_set():
+            close_old_connections()
+            sleep = self.tick()
+            if sleep > 0:
+                self._stop.wait(sleep * (1 + random.random() * 0.1))
+            elif not self._stop.is_set():
+                time.sleep(0)  # yield the GIL between back-to-back batches
+
+    def start(self) -> None:
+        """Run the pump in a daemon thread of this process."""
+        self._stop.clear()
+        self.thread = threading.Thread(target=self.run, name="django-debounce pump", daemon=True)
+        self.thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop after the current tick (a batch taken and not published is taken again after
+        ``DEBOUNCE_DISPATCH_GRACE``: nothing is lost)."""
+        self._stop.set()
+        if self.thread is not None:
+            self.thread.join(timeout=timeout)

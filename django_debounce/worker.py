@@ -1,0 +1,104 @@
+"""What django-debounce adds to a Celery worker: a bootstep that runs the pump, the lease keeper
+and the recorder in the worker's main process (docs/design.md, "The worker").
+
+``apps.DebounceConfig.ready`` adds ``DebounceStep`` to every worker's blueprint (through
+Celery's ``celeryd_init`` signal, sent before the blueprint is built). The step starts after
+the pool (so the pool's processes never inherit these threads) and, steps being stopped in
+reverse order, stops before it on a warm shutdown: the pump publishes nothing more while the
+pool finishes its runs, and the lease keeper stops last of the three.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from celery import bootsteps
+
+from django_debounce import conf
+
+logger = logging.getLogger("django_debounce")
+
+# Pools whose runs the lease keeper can stop one at a time when their lease cannot be renewed.
+TERMINABLE_POOLS = ("prefork", "processes")
+
+
+def pool_name(worker: Any) -> str:
+    """The name of a worker's pool class (``prefork``, ``threads``, ``solo``, ...)."""
+    cls = worker.pool_cls if not isinstance(worker.pool_cls, str) else None
+    name = worker.pool_cls if cls is None else cls.__module__
+    return str(name).rsplit(".", 1)[-1]
+
+
+class DebounceStep(bootsteps.StartStopStep):
+    """Runs the pump (unless ``DEBOUNCE_PUMP`` is false), the lease keeper and the recorder
+    in the worker's main process."""
+
+    requires = {"celery.worker.components:Pool"}
+    label = "django-debounce"
+
+    def __init__(self, worker: Any, **kwargs: Any) -> None:
+        self.pump: Any = None
+        self.keeper: Any = None
+        self.recorder: Any = None
+
+    def start(self, worker: Any) -> None:
+        from django_debounce.keeper import LeaseKeeper
+        from django_debounce.pump import Pump
+        from django_debounce.recorder import Recorder
+
+        self._warn(worker)
+        self.keeper = LeaseKeeper(pool=worker.pool)
+        self.keeper.start()
+        self.recorder = Recorder()
+        self.recorder.start()
+        if conf.get("PUMP"):
+            self.pump = Pump(app=worker.app)
+            self.pump.start()
+        else:
+            logger.info("django_debounce: DEBOUNCE_PUMP is off: this worker runs no pump")
+
+    def stop(self, worker: Any) -> None:
+        for part in (self.pump, self.recorder, self.keeper):
+            if part is not None:
+                part.stop()
+
+    def _warn(self, worker: Any) -> None:
+        name = pool_name(worker)
+        if name not in TERMINABLE_POOLS:
+            logger.warning(
+                "django_debounce: the %s pool cannot stop one run: a debounced body that "
+                "holds the GIL or never yields can keep the lease keeper from renewing its "
+                "lease, and a run whose lease cannot be renewed (the store unreachable) is "
+                "not stopped before it is redone. Use the prefork pool for debounced tasks.",
+                name,
+            )
+        if db_reuse_max(worker.app) is None:
+            from django_debounce.pump import registered_tasks
+
+            stores = {task.get_backend().name for task in registered_tasks().values()}
+            if "database" in stores or "auto" in stores:
+                logger.warning(
+                    "django_debounce: CELERY_DB_REUSE_MAX is not set: Celery's Django fixup "
+                    "closes the database connections around every task, so each run on the "
+                    "database store opens a new one. Set CELERY_DB_REUSE_MAX (e.g. 1000) in "
+                    "your Django settings."
+                )
+
+
+def db_reuse_max(app: Any) -> Any:
+    """``CELERY_DB_REUSE_MAX`` as Celery's Django fixup of ``app`` read it (``None``: unset,
+    or no Django fixup)."""
+    for fixup in getattr(app, "_fixups", None) or ():
+        worker_fixup = getattr(fixup, "_worker_fixup", None)
+        if worker_fixup is not None:
+            return getattr(worker_fixup, "db_reuse_max", None)
+    value = app.conf.get("CELERY_DB_REUSE_MAX")
+    return value
+
+
+def add_step(sender: Any = None, instance: Any = None, **kwargs: Any) -> None:
+    """Celery ``celeryd_init`` hook: add ``DebounceStep`` to the worker's blueprint."""
+    app = getattr(instance, "app", None)
+    if app is not None:
+        app.steps["worker"].add(DebounceStep)
