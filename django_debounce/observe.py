@@ -65,6 +65,24 @@ class Metrics:
             buckets=DELAY_BUCKETS,
         )
         self._trigger_children: dict[str, Any] = {}
+        self.published = counter(
+            "django_debounce_pump_published",
+            "Dispatch messages the pumps of this process published.",
+        )
+        self.taken_again = counter(
+            "django_debounce_pump_taken_again",
+            "Dispatch messages published again because the first was not claimed within "
+            "DEBOUNCE_DISPATCH_GRACE (the same sequence number: a duplicate, never a second run).",
+        )
+        self.tick = histogram(
+            "django_debounce_pump_tick_seconds",
+            "Seconds one pump tick took (peek, take, publish).",
+            buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5),
+        )
+        try:
+            prometheus.REGISTRY.register(IndexCollector(prometheus))
+        except ValueError:  # registered already (a second Metrics in one process)
+            pass
 
     def count_trigger(self, task_name: str) -> None:
         """``triggers`` of ``task_name`` plus one; the labelled child is looked up once per
@@ -73,6 +91,64 @@ class Metrics:
         if child is None:
             child = self._trigger_children[task_name] = self.triggers.labels(task_name)
         child.inc()
+
+
+class IndexCollector:
+    """Prometheus collector of the due index, read from the stores when metrics are scraped
+    (never on a timer: an idle worker does not pay for it): per task, the index depth
+    (``django_debounce_index_depth``), the entries due now (``django_debounce_index_due``) and
+    how late the oldest due entry is (``django_debounce_index_oldest_due_seconds``)."""
+
+    def __init__(self, prometheus: Any) -> None:
+        self.prometheus = prometheus
+
+    def describe(self) -> list[Any]:
+        return []
+
+    def collect(self) -> Any:
+        from prometheus_client.core import GaugeMetricFamily
+
+        depth = GaugeMetricFamily(
+            "django_debounce_index_depth", "Entries in the due index.", labels=["task"]
+        )
+        due = GaugeMetricFamily(
+            "django_debounce_index_due", "Due index entries due now.", labels=["task"]
+        )
+        oldest = GaugeMetricFamily(
+            "django_debounce_index_oldest_due_seconds",
+            "Seconds the oldest due entry of the due index is overdue.",
+            labels=["task"],
+        )
+        try:
+            for name, stats in index_stats().items():
+                depth.add_metric([name], stats.depth)
+                due.add_metric([name], stats.due)
+                oldest.add_metric([name], stats.oldest_due_age)
+        except Exception:
+            logger.warning("django_debounce: could not read the due index", exc_info=True)
+        yield depth
+        yield due
+        yield oldest
+
+
+def index_stats() -> dict[str, Any]:
+    """``IndexStats`` per registered debounced task, from every store they use."""
+    from django_debounce.pump import Pump
+
+    out: dict[str, Any] = {}
+    for backend, tasks in Pump().groups().items():
+        out.update(backend.index_stats(list(tasks)))
+    return out
+
+
+def pumped(published: int, again: int, seconds: float) -> None:
+    """A pump tick published ``published`` messages (``again`` of them taken again)."""
+    if metrics is not None:
+        if published:
+            metrics.published.inc(published)
+        if again:
+            metrics.taken_again.inc(again)
+        metrics.tick.observe(seconds)
 
 
 def _load_metrics() -> Metrics | None:

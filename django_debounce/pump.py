@@ -27,7 +27,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from django_debounce import conf
+from django_debounce import conf, observe
 from django_debounce.backends.base import BaseBackend
 from django_debounce.dispatch import publish
 from django_debounce.state import Dispatch, FlightOptions
@@ -73,9 +73,14 @@ class Pump:
     loops until ``stop()``. ``tasks`` (name -> task) defaults to the registered debounced
     tasks, read at every tick."""
 
+    # Seconds between two rechecks of durable records against Redis (lost Redis state).
+    RECHECK_EVERY = 15.0
+
     def __init__(self, app: Any = None, tasks: dict[str, Any] | None = None) -> None:
         self.app = app
         self._tasks = tasks
+        self._rechecked = 0.0
+        self._seen = (stats.published, stats.again)
         self._stop = threading.Event()
         self.thread: threading.Thread | None = None
         self._depths: dict[str, tuple[float, int]] = {}
@@ -92,21 +97,36 @@ class Pump:
             out[task.get_backend()][name] = task
         return out
 
-    def tick(self) -> float:
+    def tick(self, *, recheck: bool = False) -> float:
         """Publish every flight due now (in batches); returns the seconds until the earliest
-        entry left (at most ``DEBOUNCE_PUMP_INTERVAL``)."""
+        entry left (at most ``DEBOUNCE_PUMP_INTERVAL``). Every ``RECHECK_EVERY`` seconds (or
+        with ``recheck``) it also compares overdue durable records with Redis and rebuilds
+        flights whose Redis state was lost."""
         started = time.monotonic()
         interval = conf.seconds_of("PUMP_INTERVAL")
         batch = int(conf.get("PUMP_BATCH"))
         sleep = interval
-        for backend, tasks in self.groups().items():
+        groups = self.groups()
+        if recheck or started - self._rechecked >= self.RECHECK_EVERY:
+            self._rechecked = started
+            for backend in groups:
+                if hasattr(backend, "recheck"):
+                    try:
+                        backend.recheck()
+                    except Exception:
+                        logger.exception("django_debounce: recheck of durable records failed")
+        for backend, tasks in groups.items():
             try:
                 sleep = min(sleep, self._pump(backend, tasks, batch))
             except Exception:
                 logger.exception("django_debounce: pump tick failed for the %s store", backend.name)
+        seconds = time.monotonic() - started
         with stats.lock:
             stats.ticks += 1
-            stats.last_tick_seconds = time.monotonic() - started
+            stats.last_tick_seconds = seconds
+            published, again = stats.published - self._seen[0], stats.again - self._seen[1]
+            self._seen = (stats.published, stats.again)
+        observe.pumped(published, again, seconds)
         return max(sleep, 0.0)
 
     def _pump(self, backend: BaseBackend, tasks: dict[str, Any], batch: int) -> float:

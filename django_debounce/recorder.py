@@ -292,10 +292,12 @@ class Recorder:
 
         return sum(state.total_count.values())
 
-    def tick(self) -> None:
+    def tick(self, *, force: bool = False) -> None:
+        """Drain the records when local runs ended since the last drain, every ``SWEEP``
+        seconds anyway, or with ``force``."""
         finished = self._finished()
         now = time.monotonic()
-        if finished == self._seen and now - self._last < self.SWEEP:
+        if not force and finished == self._seen and now - self._last < self.SWEEP:
             return
         self._seen, self._last = finished, now
         for store in redis_stores():
@@ -327,4 +329,4 @@ class Recorder:
         self._stop.set()
         if self.thread is not None:
             self.thread.join(timeout=timeout)
-        self.tick()  # what the last runs recorded
+        self.tick(force=True)  # what the last runs recorded

@@ -19,12 +19,13 @@ logger = logging.getLogger("django_debounce")
 def recover() -> int:
     """One pump pass: redo runs whose lease ran out, publish flights that are due (their
     message never went out, or went out more than ``DEBOUNCE_DISPATCH_GRACE`` ago and was not
-    claimed: the same sequence number goes out again). Only tasks registered here as
+    claimed: the same sequence number goes out again), rebuild flights whose Redis state was
+    lost from their durable record. Only tasks registered here as
     debounced tasks are published. Returns how many messages were published."""
     from django_debounce.pump import Pump, stats
 
     before = stats.published
-    Pump().tick()
+    Pump().tick(recheck=True)
     return stats.published - before
 
 

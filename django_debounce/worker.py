@@ -97,8 +97,36 @@ def db_reuse_max(app: Any) -> Any:
     return value
 
 
+def worker_stats() -> dict[str, Any]:
+    """What this worker's pump, lease keeper and recorder did (the ``debounce_stats`` remote
+    control command answers with it; ``debounce_status --pumps`` asks every worker)."""
+    from django_debounce.pump import stats
+
+    with stats.lock:
+        return {
+            "published": stats.published,
+            "taken_again": stats.again,
+            "released": stats.released,
+            "ticks": stats.ticks,
+            "last_tick_seconds": round(stats.last_tick_seconds, 6),
+            "capped_queues": sorted(stats.capped),
+            "pump": bool(conf.get("PUMP")),
+        }
+
+
+def register_control() -> None:
+    """Register the ``debounce_stats`` remote control command (``celery inspect`` style)."""
+    from celery.worker.control import inspect_command
+
+    @inspect_command(name="debounce_stats")  # type: ignore[misc]
+    def debounce_stats(state: Any, **kwargs: Any) -> dict[str, Any]:
+        """django-debounce: the pump's published and re-taken counts and tick time."""
+        return worker_stats()
+
+
 def add_step(sender: Any = None, instance: Any = None, **kwargs: Any) -> None:
     """Celery ``celeryd_init`` hook: add ``DebounceStep`` to the worker's blueprint."""
     app = getattr(instance, "app", None)
     if app is not None:
         app.steps["worker"].add(DebounceStep)
+        register_control()

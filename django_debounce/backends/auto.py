@@ -165,6 +165,18 @@ class AutoBackend(BaseBackend):
         if database:
             self.database.release(database, now=now)
 
+    def recheck(self, *, limit: int = 500, now: Any = None) -> int:
+        """``RedisBackend.recheck`` when Redis answers (flights whose Redis state was lost are
+        rebuilt in Redis from their durable record)."""
+        redis = self._usable()
+        if redis is None:
+            return 0
+        try:
+            return int(redis.recheck(limit=limit, now=now))
+        except self.errors as exc:
+            self._failed(exc)
+            return 0
+
     # -- the worker -------------------------------------------------------------------------
 
     def fire(self, key_hash, seq, *, task_name, options, now=None, store=None):

@@ -27,6 +27,51 @@ def _dt(us: int) -> datetime | None:
     return datetime.fromtimestamp(us / US, tz=dt_timezone.utc)
 
 
+def _recheck(attention: datetime | None) -> datetime | None:
+    """When to compare a record with Redis: ``DEBOUNCE_DISPATCH_GRACE`` after the time the key
+    next needs attention (by then a claim or finish has normally reached the record)."""
+    from datetime import timedelta
+
+    from django_debounce import conf
+
+    if attention is None:
+        return None
+    return attention + timedelta(seconds=conf.seconds_of("DISPATCH_GRACE"))
+
+
+def synced(row: object, pending: int, running_until: int, due: int) -> None:
+    """Bring the record ``row`` of a key Redis holds up to its live state (pending count,
+    state, due time) and set its next recheck."""
+    from django_debounce.models import DebounceKey
+
+    state = (
+        DebounceKey.State.RUNNING
+        if running_until
+        else DebounceKey.State.PENDING
+        if pending
+        else DebounceKey.State.IDLE
+    )
+    attention = _dt(running_until) if running_until else _dt(due) if pending else None
+    DebounceKey.objects.using(alias()).filter(pk=row.pk).update(  # type: ignore[attr-defined]
+        state=state,
+        pending=pending,
+        due_at=_dt(due) if pending else None,
+        running_until=_dt(running_until),
+        recheck_at=_recheck(attention),
+    )
+
+
+def rechecked(row: object) -> None:
+    """The flight of ``row`` was rebuilt in Redis: look again after its due time."""
+    from django.utils import timezone
+
+    from django_debounce.models import DebounceKey
+
+    DebounceKey.objects.using(alias()).filter(pk=row.pk).update(  # type: ignore[attr-defined]
+        recheck_at=_recheck(timezone.now())
+    )
+
+
 def alias() -> str:
     """The database the records are written to (``router.db_for_write(DebounceKey)``)."""
     from django_debounce.models import DebounceKey
@@ -85,6 +130,7 @@ def opened(
         "run_id": run_id,
         "store": store,
         "updated_at": at,
+        "recheck_at": _recheck(_dt(due_us) or at),
     }
     db = alias()
     try:

@@ -65,6 +65,7 @@ OPERATIONS = (
     "cancel",
     "take",
     "release",
+    "restore",
 )
 # The reply of trigger.lua's full path and of fire.lua's claim, by position (the scripts'
 # headers list the same names).
@@ -660,6 +661,76 @@ class RedisBackend(BaseBackend):
                     if int(p or 0) > 0 and int(d or 0) <= limit:
                         out.append((name, key_hash_of(i)))
         return out
+
+    # -- the durable record -------------------------------------------------------------------
+
+    def recheck(self, *, limit: int = 500, now: datetime | None = None) -> int:
+        """Compare with Redis the records of keys held in Redis whose ``recheck_at`` passed
+        (a change that should have reached the record did not): a key Redis still holds gets
+        its record brought up to date (no "pending" record outlives its flight); a key whose
+        Redis state is gone (evicted, Redis restarted without persistence) gets its flight
+        rebuilt from the record and run (at least once). Found through the index on
+        ``recheck_at``: the cost grows with what is overdue, never with the number of keys.
+        Returns how many flights were rebuilt."""
+        from django.utils import timezone
+
+        from django_debounce.backends import record
+        from django_debounce.models import DebounceKey
+
+        at = now or timezone.now()
+        rows = list(
+            DebounceKey.objects.using(record.alias())
+            .filter(store="redis", recheck_at__lte=at)
+            .order_by("recheck_at")[:limit]
+        )
+        if not rows:
+            return 0
+        pipe = self.client.pipeline(transaction=False)
+        for row in rows:
+            pipe.hmget(self.state_key(row.key_hash), "p", "ru", "d", "f")
+        live = pipe.execute()
+        rebuilt = 0
+        options = registered_options()
+        for row, (p, ru, d, f) in zip(rows, live, strict=True):
+            if f is not None or p is not None:
+                record.synced(row, int(p or 0), int(ru or 0), int(d or 0))
+                continue
+            if row.state == DebounceKey.State.IDLE:
+                record.synced(row, 0, 0, 0)
+                continue
+            task_options = options.get(row.task_name, FlightOptions(wait=0.0))
+            payload = (
+                ""
+                if row.payload is None
+                else json.dumps(row.payload, separators=(",", ":"), ensure_ascii=False)
+            )
+            done = self._run(
+                "restore",
+                self.state_key(row.key_hash),
+                [
+                    _now(now),
+                    *self._head(row.key_hash, row.task_name, task_options),
+                    max(row.pending, 1),
+                    row.flight_id,
+                    _us(row.first_trigger_at) if row.first_trigger_at else 0,
+                    _us(row.last_trigger_at) if row.last_trigger_at else 0,
+                    _us(row.due_at) if row.due_at else 0,
+                    payload if not task_options.collect else "",
+                    f"{row.run_id},{row.triggers},{row.runs},{row.merged},{row.cancelled}",
+                    int(row.state == DebounceKey.State.RUNNING),
+                    short_key(row.key, row.task_name),
+                ],
+            )
+            if int(done):
+                rebuilt += 1
+                logger.warning(
+                    "django_debounce: the Redis state of %s %r was gone; its flight was rebuilt "
+                    "from the durable record and runs again",
+                    row.task_name,
+                    row.key,
+                )
+            record.rechecked(row)
+        return rebuilt
 
     # -- reading ----------------------------------------------------------------------------
 

@@ -24,8 +24,22 @@ class Command(BaseCommand):
         parser.add_argument(
             "--limit", type=int, default=100, metavar="N", help="at most N keys (default 100)"
         )
+        parser.add_argument(
+            "--index",
+            action="store_true",
+            help="the due index per task instead: depth, entries due now, age of the oldest",
+        )
+        parser.add_argument(
+            "--pumps",
+            action="store_true",
+            help="ask every worker's pump what it published (Celery remote control, 2 s)",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        if options["index"]:
+            return self._index(options)
+        if options["pumps"]:
+            return self._pumps(options)
         if options["limit"] < 1:
             raise CommandError("--limit must be a positive integer, e.g. --limit 100.")
         qs = DebounceKey.objects.active().order_by("due_at", "pk")
@@ -84,3 +98,48 @@ class Command(BaseCommand):
                 f"(the first {options['limit']} keys by due time; more are pending or running: "
                 "raise --limit to see them)"
             )
+
+    def _index(self, options: dict[str, Any]) -> None:
+        from django_debounce.observe import index_stats
+
+        stats = index_stats()
+        if options["task"]:
+            stats = {k: v for k, v in stats.items() if k == options["task"]}
+        if options["json"]:
+            for name, st in sorted(stats.items()):
+                self.stdout.write(
+                    json.dumps(
+                        {
+                            "task": name,
+                            "depth": st.depth,
+                            "due": st.due,
+                            "oldest_due_age_s": round(st.oldest_due_age, 3),
+                        }
+                    )
+                )
+            return
+        self.stdout.write(f"{'task':40}  {'depth':>9}  {'due now':>9}  oldest due")
+        for name, st in sorted(stats.items()):
+            age = f"{st.oldest_due_age:.1f} s late" if st.due else "-"
+            self.stdout.write(f"{name:40}  {st.depth:>9}  {st.due:>9}  {age}")
+
+    def _pumps(self, options: dict[str, Any]) -> None:
+        from celery import current_app
+
+        replies = current_app.control.broadcast("debounce_stats", reply=True, timeout=2.0) or []
+        if options["json"]:
+            for reply in replies:
+                for worker, st in reply.items():
+                    self.stdout.write(json.dumps({"worker": worker, **st}))
+            return
+        if not replies:
+            self.stdout.write("no worker answered (is one running, with remote control on?)")
+            return
+        for reply in replies:
+            for worker, st in reply.items():
+                self.stdout.write(
+                    f"{worker}: published {st['published']}, taken again {st['taken_again']}, "
+                    f"released {st['released']}, {st['ticks']} ticks, last tick "
+                    f"{st['last_tick_seconds'] * 1000:.1f} ms"
+                    + (" (pump off)" if not st["pump"] else "")
+                )
