@@ -72,6 +72,18 @@ def rechecked(row: object) -> None:
     )
 
 
+def recheck_later(key_hash: str, store: str) -> None:
+    """Ask for a recheck of the record of ``key_hash`` one ``DEBOUNCE_DISPATCH_GRACE`` from now
+    (a run of the previous release is live: its flight is adopted after it)."""
+    from django.utils import timezone
+
+    from django_debounce.models import DebounceKey
+
+    DebounceKey.objects.using(alias()).filter(key_hash=key_hash).update(
+        recheck_at=_recheck(timezone.now())
+    )
+
+
 def alias() -> str:
     """The database the records are written to (``router.db_for_write(DebounceKey)``)."""
     from django_debounce.models import DebounceKey

@@ -66,6 +66,7 @@ OPERATIONS = (
     "take",
     "release",
     "restore",
+    "adopt",
 )
 # The reply of trigger.lua's full path and of fire.lua's claim, by position (the scripts'
 # headers list the same names).
@@ -662,6 +663,27 @@ class RedisBackend(BaseBackend):
                         out.append((name, key_hash_of(i)))
         return out
 
+    # -- the previous release ---------------------------------------------------------------
+
+    def adopt(self, key_hash: str, task_name: str, options: FlightOptions) -> int:
+        """Adopt the flight the previous release (0.1) keeps for ``key_hash`` in its own layout
+        (``legacy.py``): 1 adopted, 0 nothing to adopt, -1 a 0.1 run of the key is live (its
+        durable record is rechecked after its lease). Standalone Redis only."""
+        if self.cluster:
+            return 0
+        done = int(
+            self._run(
+                "adopt",
+                self.state_key(key_hash),
+                [0, *self._head(key_hash, task_name, options), f"debounce:{{{key_hash}}}"],
+            )
+        )
+        if done < 0:
+            from django_debounce.backends import record
+
+            record.recheck_later(key_hash, self.store)
+        return done
+
     # -- the durable record -------------------------------------------------------------------
 
     def recheck(self, *, limit: int = 500, now: datetime | None = None) -> int:
@@ -699,6 +721,11 @@ class RedisBackend(BaseBackend):
                 record.synced(row, 0, 0, 0)
                 continue
             task_options = options.get(row.task_name, FlightOptions(wait=0.0))
+            adopted = self.adopt(row.key_hash, row.task_name, task_options)
+            if adopted:  # a flight of the previous release's layout: adopted, or after its run
+                if adopted > 0:
+                    record.rechecked(row)
+                continue
             payload = (
                 ""
                 if row.payload is None

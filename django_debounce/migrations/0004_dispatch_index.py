@@ -2,8 +2,13 @@
 
 from django.db import migrations, models
 
+from django_debounce.migration_ops import AddIndexConcurrentlyOnPostgres
+
 
 class Migration(migrations.Migration):
+    # A large DebounceKey table: new columns are nullable or have a constant default (no table
+    # rewrite on PostgreSQL 11+), and its new index is built concurrently (no write lock).
+    atomic = False
 
     dependencies = [
         ('django_debounce', '0003_admin_indexes'),
@@ -42,7 +47,7 @@ class Migration(migrations.Migration):
             name='run_seq',
             field=models.PositiveBigIntegerField(default=0, help_text='Sequence of the dispatch message that claimed the live run (0: claimed in process): the lease keeper extends the lease of the run its message claimed.', verbose_name='message of live run'),
         ),
-        migrations.AddIndex(
+        AddIndexConcurrentlyOnPostgres(
             model_name='debouncekey',
             index=models.Index(condition=models.Q(('recheck_at__isnull', False)), fields=['recheck_at'], name='debounce_key_recheck'),
         ),
