@@ -680,23 +680,26 @@ def trigger_many(task: Any, payloads: Iterable[Any]) -> list[TriggerResult]:
     For a ``debounced_receiver`` task, items are model instances (or primary keys, then
     ``payloads`` must be a QuerySet). For a ``debounced_task``, an item is a tuple of
     positional arguments, a dict of keyword arguments, or a single positional argument.
-    Returns one ``TriggerResult`` per item; triggers of one key merge as usual.
-    Raises ``TypeError`` when ``task`` is not a debounced task.
+    Returns one ``TriggerResult`` per item; triggers of one key merge as usual. The store
+    takes them in batches (one pipeline per batch on Redis, a few statements per batch for
+    the durable records). Inside ``transaction.atomic()`` they count when it commits.
+    Raises ``TypeError`` when ``task`` is not a debounced task or an item does not fit it
+    (before anything is counted).
     """
     if not isinstance(task, DebouncedTask):
         raise TypeError(f"trigger_many() needs a debounced task, got {task!r}.")
-    results = []
+    resolved = []
     if isinstance(task, DebouncedReceiverTask):
         model = getattr(payloads, "model", None) or task.debounce_sender
         for item in payloads:
             args = (item,) if isinstance(item, models.Model) else (model, item)
-            results.append(task.trigger(*args))
-        return results
-    for item in payloads:
-        if isinstance(item, tuple):
-            results.append(task.trigger(*item))
-        elif isinstance(item, dict):
-            results.append(task.trigger(**item))
-        else:
-            results.append(task.trigger(item))
-    return results
+            resolved.append(task._resolve(args, {}))
+    else:
+        for item in payloads:
+            if isinstance(item, tuple):
+                resolved.append(task._resolve(item, {}))
+            elif isinstance(item, dict):
+                resolved.append(task._resolve((), item))
+            else:
+                resolved.append(task._resolve((item,), {}))
+    return task.trigger_resolved(resolved)  # type: ignore[no-any-return]

@@ -290,6 +290,47 @@ class DebouncedTask(Task):
         observe.triggered(self, result)
         return result
 
+    def trigger_resolved(
+        self, resolved: list[tuple[str, Any, str | None]], *, using: str | None = None
+    ) -> list[TriggerResult]:
+        """Count the triggers ``(key, payload, stored JSON)`` of ``resolved`` in batches (the
+        ``trigger_many`` path); deferred to the commit of ``using``'s transaction when one
+        is open, as ``trigger`` is."""
+        if not conf.get("ENABLED"):
+            return [TriggerResult(key, None, None, None, scheduled=False) for key, _, _ in resolved]
+        on_commit = self.debounce_on_commit
+        if on_commit is None:
+            on_commit = bool(conf.get("ON_COMMIT"))
+        alias = using or DEFAULT_DB_ALIAS
+        if on_commit and connections[alias].in_atomic_block:
+            transaction.on_commit(partial(self._trigger_batch, resolved), using=alias)
+            return [
+                TriggerResult(key, None, None, None, scheduled=False, deferred=True)
+                for key, _, _ in resolved
+            ]
+        return self._trigger_batch(resolved)
+
+    BATCH = 1000
+
+    def _trigger_batch(self, resolved: list[tuple[str, Any, str | None]]) -> list[TriggerResult]:
+        backend = self.get_backend()
+        options = self.flight_options()
+        out: list[TriggerResult] = []
+        for start in range(0, len(resolved), self.BATCH):
+            chunk = resolved[start : start + self.BATCH]
+            items = [
+                (key, key_hash(self.name, key), stored if stored is not None else dumps(payload))
+                for key, payload, stored in chunk
+            ]
+            for result, dispatch in backend.trigger_many(
+                task_name=self.name, items=items, options=options
+            ):
+                if dispatch is not None and not is_eager(self):
+                    publish_or_release(self, backend, dispatch)
+                observe.triggered(self, result)
+                out.append(result)
+        return out
+
     def flush(self, *args: Any, **kwargs: Any) -> bool:
         """Run the pending flight for these arguments now; returns ``False`` when none is pending.
 

@@ -18,7 +18,7 @@ from typing import Any
 from django.conf import settings
 
 from django_debounce import conf, observe
-from django_debounce.backends.base import BaseBackend, Taken
+from django_debounce.backends.base import BaseBackend, Taken, TriggerManyError
 from django_debounce.backends.database import DatabaseBackend
 
 logger = logging.getLogger("django_debounce")
@@ -127,6 +127,34 @@ class AutoBackend(BaseBackend):
                 stats.fallbacks += 1
             observe.fallback(kwargs["task_name"])
         return self.database.trigger(**kwargs)
+
+    def trigger_many(self, *, task_name, items, options, now=None):
+        redis = self._usable()
+        if redis is None:
+            return self.database.trigger_many(
+                task_name=task_name, items=items, options=options, now=now
+            )
+        try:
+            out = redis.trigger_many(task_name=task_name, items=items, options=options, now=now)
+        except TriggerManyError as exc:
+            failed = sorted(exc.errors)
+            self._failed(next(iter(exc.errors.values())))
+            out = list(exc.results)
+            redone = self.database.trigger_many(
+                task_name=task_name, items=[items[i] for i in failed], options=options, now=now
+            )
+            for i, result in zip(failed, redone, strict=True):
+                out[i] = result
+                observe.fallback(task_name)
+            return out
+        except self.errors as exc:
+            self._failed(exc)
+            observe.fallback(task_name)
+            return self.database.trigger_many(
+                task_name=task_name, items=items, options=options, now=now
+            )
+        self._recovered()
+        return out
 
     # -- the pump ---------------------------------------------------------------------------
 

@@ -39,6 +39,19 @@ class Taken:
     next_in: float | None = None
 
 
+class TriggerManyError(Exception):
+    """Some triggers of a ``trigger_many`` batch failed in the store (an error reply for
+    them); the others were counted. ``results`` has one entry per item, ``None`` for each
+    failed one; ``errors`` maps the index of a failed item to its error."""
+
+    def __init__(self, results: list[Any], errors: dict[int, BaseException]) -> None:
+        super().__init__(
+            f"{len(errors)} of {len(results)} triggers failed: {next(iter(errors.values()))}"
+        )
+        self.results = results
+        self.errors = errors
+
+
 @dataclass(frozen=True)
 class LiveRun:
     """A run the lease keeper keeps alive: claimed by message ``seq`` of ``key_hash`` for task
@@ -89,6 +102,29 @@ class BaseBackend:
         (on failure the caller calls ``release``). Returns ``(result, dispatch or None)``.
         """
         raise NotImplementedError
+
+    def trigger_many(
+        self,
+        *,
+        task_name: str,
+        items: Sequence[tuple[str, str, str]],
+        options: FlightOptions,
+        now: datetime | None = None,
+    ) -> list[tuple[TriggerResult, Dispatch | None]]:
+        """``trigger`` for each ``(key, key_hash, payload_json)`` of ``items``, in order (the
+        triggers of one key merge as usual); stores batch the round trips and the durable
+        writes. Returns one ``(result, dispatch)`` per item."""
+        return [
+            self.trigger(
+                task_name=task_name,
+                key=key,
+                key_hash=hashed,
+                payload_json=payload,
+                options=options,
+                now=now,
+            )
+            for key, hashed, payload in items
+        ]
 
     # -- the pump -----------------------------------------------------------------------------
 

@@ -1,20 +1,30 @@
-"""The durable record of keys whose live state is in Redis: the ``DebounceKey`` row (and the
-``DebounceRun`` rows, written by ``recorder.py`` from the records the scripts append).
+"""The durable record of keys whose live state is in Redis: the ``DebounceKey`` row (docs/design.md,
+"The durable record"; the ``DebounceRun`` rows come from ``recorder.py``).
 
-The Redis store writes a key's row itself only when a flight opens (so recovery can rebuild
-a flight whose Redis state was lost, and the admin lists the key); claims, finishes and lost
-runs reach the row through the records. Writes are best effort: Redis has already committed
-the step, so a database error is logged and the caller goes on.
+The Redis store writes a key's row itself only when a flight opens, so that the admin lists
+the key and a flight whose Redis state is lost can be rebuilt from it; claims, finishes and
+lost runs reach the row through the records the scripts append. Each write is one statement
+(an upsert with ``RETURNING`` on PostgreSQL and SQLite, whose text is built once): an opening
+trigger must cost little more than a bare ``delay()``. Writes are best effort: Redis has
+already committed the step, so a database error is logged and the caller goes on.
+
+``recheck_at`` asks for a comparison with Redis (``RedisBackend.recheck``) one
+``DEBOUNCE_DISPATCH_GRACE`` after the key next needs attention, should no later change reach
+the row by then.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from datetime import datetime
+import time
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 from datetime import timezone as dt_timezone
+from functools import cache
+from typing import Any
 
-from django.db import DatabaseError, router
+from django.db import DatabaseError, connections, router
 
 logger = logging.getLogger("django_debounce")
 
@@ -27,19 +37,344 @@ def _dt(us: int) -> datetime | None:
     return datetime.fromtimestamp(us / US, tz=dt_timezone.utc)
 
 
+def alias() -> str:
+    """The database the records are written to (``router.db_for_write(DebounceKey)``)."""
+    from django_debounce.models import DebounceKey
+
+    return router.db_for_write(DebounceKey)
+
+
+def _grace() -> timedelta:
+    from django_debounce import conf
+
+    return timedelta(seconds=conf.seconds_of("DISPATCH_GRACE"))
+
+
 def _recheck(attention: datetime | None) -> datetime | None:
     """When to compare a record with Redis: ``DEBOUNCE_DISPATCH_GRACE`` after the time the key
     next needs attention (by then a claim or finish has normally reached the record)."""
-    from datetime import timedelta
-
-    from django_debounce import conf
-
-    if attention is None:
-        return None
-    return attention + timedelta(seconds=conf.seconds_of("DISPATCH_GRACE"))
+    return attention + _grace() if attention is not None else None
 
 
-def synced(row: object, pending: int, running_until: int, due: int) -> None:
+@dataclass
+class Opened:
+    """The row of a key whose flight opened (from the trigger's reply)."""
+
+    key_hash: str
+    key: str
+    task_name: str
+    at_us: int
+    state: str
+    pending: int
+    flight_id: int
+    due_us: int
+    payload_json: str | None
+    triggers: int
+    runs: int
+    merged: int
+    cancelled: int
+    run_id: int
+
+
+# -- SQL built once per database --------------------------------------------------------
+
+# The columns an opening writes (the others get their field's default); their SQL types.
+VARYING = {
+    "key": "text",
+    "key_hash": "text",
+    "task_name": "text",
+    "state": "text",
+    "pending": "bigint",
+    "flight_id": "bigint",
+    "first_trigger_at": "timestamptz",
+    "last_trigger_at": "timestamptz",
+    "due_at": "timestamptz",
+    "payload": "jsonb",
+    "triggers": "bigint",
+    "runs": "bigint",
+    "merged": "bigint",
+    "cancelled": "bigint",
+    "run_id": "bigint",
+    "created_at": "timestamptz",
+    "updated_at": "timestamptz",
+    "recheck_at": "timestamptz",
+}
+TIMES = {name for name, kind in VARYING.items() if kind == "timestamptz"}
+
+_OPEN_SET = (
+    "state", "pending", "flight_id", "first_trigger_at", "last_trigger_at", "due_at", "payload",
+    "triggers", "runs", "merged", "cancelled", "run_id", "store", "updated_at", "recheck_at",
+)  # fmt: skip
+
+
+def _supports_upsert(connection: Any) -> bool:
+    return connection.vendor in ("postgresql", "sqlite")
+
+
+def _literal(value: Any, vendor: str) -> str:
+    if value is None:
+        return "NULL"
+    if isinstance(value, bool):
+        return ("TRUE" if value else "FALSE") if vendor == "postgresql" else str(int(value))
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, str):
+        return "'" + value.replace("'", "''") + "'"
+    raise TypeError(f"no SQL literal for {value!r}")
+
+
+@cache
+def _constants(vendor: str) -> dict[str, str]:
+    """The columns an opening does not vary, as SQL literals of their defaults."""
+    from django_debounce.models import DebounceKey
+
+    out = {}
+    for f in DebounceKey._meta.concrete_fields:
+        if f.primary_key or f.column in VARYING:
+            continue
+        out[f.column] = "'redis'" if f.column == "store" else _literal(f.get_default(), vendor)
+    return out
+
+
+def _insert(vendor: str, table: str, rows: int) -> str:
+    """``INSERT INTO table (...) <rows of VARYING values and the constants>``: on PostgreSQL
+    one ``SELECT ... FROM unnest(<one array per column>)`` whatever the number of rows (the
+    statement's parameters do not grow with it); elsewhere a ``VALUES`` list."""
+    constants = _constants(vendor)
+    names = [*VARYING, *constants]
+    if vendor == "postgresql":
+        arrays = ", ".join(
+            f"%s::{'text' if kind == 'jsonb' else kind}[]" for kind in VARYING.values()
+        )
+        picked = ", ".join(
+            f"v.{name}::jsonb" if kind == "jsonb" else f"v.{name}" for name, kind in VARYING.items()
+        )
+        return (
+            f"INSERT INTO {table} ({', '.join(names)}) "
+            f"SELECT {picked}, {', '.join(constants.values())} "
+            f"FROM unnest({arrays}) AS v({', '.join(VARYING)})"
+        )
+    one = "(" + ", ".join(["%s"] * len(VARYING) + list(constants.values())) + ")"
+    return f"INSERT INTO {table} ({', '.join(names)}) VALUES {', '.join([one] * rows)}"
+
+
+@cache
+def _open_sql(vendor: str, table: str, rows: int) -> str:
+    """The upsert of ``rows`` opened flights: a row is brought up to date unless a later
+    change reached it first (its ``updated_at``)."""
+    sets = ", ".join(f"{c} = EXCLUDED.{c}" for c in _OPEN_SET)
+    return (
+        f"{_insert(vendor, table, rows)} "
+        f"ON CONFLICT (key_hash) DO UPDATE SET {sets} "
+        f"WHERE {table}.updated_at <= EXCLUDED.updated_at"
+    )
+
+
+@cache
+def _seed_sql(vendor: str, table: str, rows: int = 1) -> str:
+    """The upsert of keys new to Redis, returning the counters each one's Redis state
+    continues from (the values before this flight) and a flight whose Redis state was lost."""
+    lost = f"({table}.state <> 'idle' AND {table}.store = 'redis')"
+    sets = [
+        "state = 'pending'",
+        f"pending = CASE WHEN {lost} THEN {table}.pending + 1 ELSE 1 END",
+        f"flight_id = CASE WHEN {lost} THEN {table}.flight_id ELSE {table}.flight_id + 1 END",
+        f"first_trigger_at = CASE WHEN {lost} THEN {table}.first_trigger_at "
+        "ELSE EXCLUDED.first_trigger_at END",
+        "last_trigger_at = EXCLUDED.last_trigger_at",
+        f"due_at = CASE WHEN {lost} THEN {table}.due_at ELSE EXCLUDED.due_at END",
+        "payload = EXCLUDED.payload",
+        f"triggers = {table}.triggers + 1",
+        "store = 'redis'",
+        "updated_at = EXCLUDED.updated_at",
+        "recheck_at = EXCLUDED.recheck_at",
+    ]
+    return (
+        f"{_insert(vendor, table, rows)} "
+        f"ON CONFLICT (key_hash) DO UPDATE SET {', '.join(sets)} "
+        "RETURNING key_hash, run_id, flight_id, triggers, runs, merged, cancelled, pending, "
+        "first_trigger_at, due_at"
+    )
+
+
+def _params(connection: Any, rows: list[dict[str, Any]]) -> list[Any]:
+    """The parameters of ``_insert``: on PostgreSQL one list per column, elsewhere the values
+    row after row (times as the database adapter stores them)."""
+    if connection.vendor == "postgresql":
+        return [[row[name] for row in rows] for name in VARYING]
+    adapt = connection.ops.adapt_datetimefield_value
+    out: list[Any] = []
+    for row in rows:
+        out += [adapt(row[name]) if name in TIMES else row[name] for name in VARYING]
+    return out
+
+
+def _row_fields(o: Opened) -> dict[str, Any]:
+    """The VARYING columns of the row of ``o`` (the payload as JSON text)."""
+    at = _dt(o.at_us)
+    due = _dt(o.due_us)
+    return {
+        "key": o.key,
+        "key_hash": o.key_hash,
+        "task_name": o.task_name,
+        "state": o.state,
+        "pending": o.pending,
+        "flight_id": o.flight_id,
+        "first_trigger_at": at,
+        "last_trigger_at": at,
+        "due_at": due,
+        "payload": o.payload_json,
+        "triggers": o.triggers,
+        "runs": o.runs,
+        "merged": o.merged,
+        "cancelled": o.cancelled,
+        "run_id": o.run_id,
+        "created_at": at,
+        "updated_at": at,
+        "recheck_at": _recheck(due or at),
+    }
+
+
+# -- writes -----------------------------------------------------------------------------
+
+
+def seed(key_hash: str, key: str, task_name: str, payload_json: str | None, due_in: float) -> str:
+    """Open the record of a key new to Redis (its state expired while idle, or was lost) and
+    return ``"run_id,flight_id,triggers,runs,merged,cancelled,pending,first_us,due_us"``: the
+    counters its Redis state continues from, and a flight the record holds whose Redis state
+    was lost (this trigger joins it). One statement on PostgreSQL and SQLite."""
+    return seed_many([(key_hash, key, task_name, payload_json)], due_in)[key_hash]
+
+
+def seed_many(items: list[tuple[str, str, str, str | None]], due_in: float) -> dict[str, str]:
+    """``seed`` for each ``(key_hash, key, task_name, payload_json)`` of ``items`` (distinct
+    keys), in one statement per 500 keys on PostgreSQL and SQLite."""
+    from django_debounce.models import DebounceKey
+
+    db = alias()
+    connection = connections[db]
+    now = time.time()
+    out: dict[str, str] = {}
+    try:
+        if _supports_upsert(connection):
+            table = DebounceKey._meta.db_table
+            size = 5000 if connection.vendor == "postgresql" else 400
+            for start in range(0, len(items), size):
+                chunk = items[start : start + size]
+                rows = [
+                    _row_fields(
+                        Opened(
+                            key_hash, key, task_name, int(now * US), "pending", 1, 1,
+                            int((now + due_in) * US), payload_json, 1, 0, 0, 0, 0,
+                        )
+                    )
+                    for key_hash, key, task_name, payload_json in chunk
+                ]  # fmt: skip
+                with connection.cursor() as cursor:
+                    cursor.execute(
+                        _seed_sql(connection.vendor, table, len(chunk)), _params(connection, rows)
+                    )
+                    returned = cursor.fetchall()
+                for row in returned:
+                    out[row[0]] = _seed_of(connection, row[1:])
+            return out
+    except DatabaseError:
+        logger.exception("django_debounce: could not record %d keys in the database", len(items))
+    for key_hash, *_rest in items:
+        row = (
+            DebounceKey.objects.using(db)
+            .filter(key_hash=key_hash)
+            .values_list("run_id", "flight_id", "triggers", "runs", "merged", "cancelled")
+            .first()
+        )
+        out[key_hash] = ",".join(str(v) for v in (row or (0, 0, 0, 0, 0, 0))) + ",0,0,0"
+    return out
+
+
+def _seed_of(connection: Any, row: Any) -> str:
+    """The seed string of a row the seed upsert returned (its values after the upsert)."""
+    run_id, flight_id, triggers, runs, merged, cancelled, pending, first, due = row
+    lost = pending - 1
+    first_dt = _as_datetime(connection, first)
+    due_dt = _as_datetime(connection, due)
+    return ",".join(
+        str(v)
+        for v in (
+            run_id,
+            flight_id if lost else flight_id - 1,
+            triggers - 1,
+            runs,
+            merged,
+            cancelled,
+            lost,
+            int(first_dt.timestamp() * US) if lost and first_dt else 0,
+            int(due_dt.timestamp() * US) if lost and due_dt else 0,
+        )
+    )
+
+
+def _as_datetime(connection: Any, value: Any) -> datetime | None:
+    if value is None or isinstance(value, datetime):
+        return value  # type: ignore[no-any-return]
+    converted = connection.ops.convert_datetimefield_value(value, None, connection)
+    return converted if isinstance(converted, datetime) else None
+
+
+def opened(rows: list[Opened]) -> None:
+    """Write the rows of keys whose flight opened: created when new, else brought up to date
+    unless a later change already reached them. One statement for all of them on PostgreSQL
+    and SQLite."""
+    if not rows:
+        return
+    from django_debounce.models import DebounceKey
+
+    db = alias()
+    connection = connections[db]
+    try:
+        if _supports_upsert(connection):
+            table = DebounceKey._meta.db_table
+            size = 5000 if connection.vendor == "postgresql" else 400
+            for start in range(0, len(rows), size):
+                chunk = [_row_fields(o) for o in rows[start : start + size]]
+                with connection.cursor() as cursor:
+                    cursor.execute(
+                        _open_sql(connection.vendor, table, len(chunk)), _params(connection, chunk)
+                    )
+            return
+        for o in rows:
+            fields = _row_fields(o)
+            fields["payload"] = json.loads(o.payload_json) if o.payload_json is not None else None
+            fields["store"] = "redis"
+            at = fields["updated_at"]
+            done = (
+                DebounceKey.objects.using(db)
+                .filter(key_hash=o.key_hash, updated_at__lte=at)
+                .update(**{k: fields[k] for k in _OPEN_SET})
+            )
+            if not done:
+                DebounceKey.objects.using(db).bulk_create(
+                    [DebounceKey(**fields)], ignore_conflicts=True
+                )
+    except DatabaseError:
+        logger.exception("django_debounce: could not record %d opened flights", len(rows))
+
+
+def lost_runs(key_hash: str, run_ids: list[int], at_us: int) -> None:
+    """Mark the ``DebounceRun`` rows of runs a trigger found lost (their lease ran out)."""
+    from django_debounce.models import DebounceRun
+
+    try:
+        DebounceRun.objects.using(alias()).filter(
+            debounce_key__key_hash=key_hash,
+            store="redis",
+            run_id__in=run_ids,
+            outcome=DebounceRun.Outcome.RUNNING,
+        ).update(outcome=DebounceRun.Outcome.LOST, finished_at=_dt(at_us), error="lease ran out")
+    except DatabaseError:
+        logger.exception("django_debounce: could not record lost runs of %s", key_hash)
+
+
+def synced(row: Any, pending: int, running_until: int, due: int) -> None:
     """Bring the record ``row`` of a key Redis holds up to its live state (pending count,
     state, due time) and set its next recheck."""
     from django_debounce.models import DebounceKey
@@ -52,7 +387,7 @@ def synced(row: object, pending: int, running_until: int, due: int) -> None:
         else DebounceKey.State.IDLE
     )
     attention = _dt(running_until) if running_until else _dt(due) if pending else None
-    DebounceKey.objects.using(alias()).filter(pk=row.pk).update(  # type: ignore[attr-defined]
+    DebounceKey.objects.using(alias()).filter(pk=row.pk).update(
         state=state,
         pending=pending,
         due_at=_dt(due) if pending else None,
@@ -61,18 +396,16 @@ def synced(row: object, pending: int, running_until: int, due: int) -> None:
     )
 
 
-def rechecked(row: object) -> None:
+def rechecked(row: Any) -> None:
     """The flight of ``row`` was rebuilt in Redis: look again after its due time."""
     from django.utils import timezone
 
     from django_debounce.models import DebounceKey
 
-    DebounceKey.objects.using(alias()).filter(pk=row.pk).update(  # type: ignore[attr-defined]
-        recheck_at=_recheck(timezone.now())
-    )
+    DebounceKey.objects.using(alias()).filter(pk=row.pk).update(recheck_at=_recheck(timezone.now()))
 
 
-def recheck_later(key_hash: str, store: str) -> None:
+def recheck_later(key_hash: str) -> None:
     """Ask for a recheck of the record of ``key_hash`` one ``DEBOUNCE_DISPATCH_GRACE`` from now
     (a run of the previous release is live: its flight is adopted after it)."""
     from django.utils import timezone
@@ -82,86 +415,3 @@ def recheck_later(key_hash: str, store: str) -> None:
     DebounceKey.objects.using(alias()).filter(key_hash=key_hash).update(
         recheck_at=_recheck(timezone.now())
     )
-
-
-def alias() -> str:
-    """The database the records are written to (``router.db_for_write(DebounceKey)``)."""
-    from django_debounce.models import DebounceKey
-
-    return router.db_for_write(DebounceKey)
-
-
-def seed(key_hash: str) -> str:
-    """``"run_id,flight_id,triggers,runs,merged,cancelled"`` of the key's row (zeros when it
-    has none): a key new to Redis continues its counters from them."""
-    from django_debounce.models import DebounceKey
-
-    row = (
-        DebounceKey.objects.using(alias())
-        .filter(key_hash=key_hash)
-        .values_list("run_id", "flight_id", "triggers", "runs", "merged", "cancelled")
-        .first()
-    )
-    return ",".join(str(v) for v in (row or (0, 0, 0, 0, 0, 0)))
-
-
-def opened(
-    *,
-    key_hash: str,
-    key: str,
-    task_name: str,
-    at_us: int,
-    state: str,
-    pending: int,
-    flight_id: int,
-    due_us: int,
-    payload_json: str | None,
-    totals: tuple[int, int, int, int, int],
-    lost_run: int,
-    store: str,
-) -> None:
-    """Write the row of a key whose flight opened at ``at_us`` (or whose lost run a trigger
-    recovered): created when new, else brought up to date unless a later change already
-    reached it (its ``updated_at`` is newer)."""
-    from django_debounce.models import DebounceKey, DebounceRun
-
-    triggers, runs, merged, cancelled, run_id = totals
-    at = _dt(at_us)
-    fields = {
-        "state": state,
-        "pending": pending,
-        "flight_id": flight_id,
-        "first_trigger_at": at,
-        "last_trigger_at": at,
-        "due_at": _dt(due_us),
-        "payload": json.loads(payload_json) if payload_json is not None else None,
-        "triggers": triggers,
-        "runs": runs,
-        "merged": merged,
-        "cancelled": cancelled,
-        "run_id": run_id,
-        "store": store,
-        "updated_at": at,
-        "recheck_at": _recheck(_dt(due_us) or at),
-    }
-    db = alias()
-    try:
-        updated = (
-            DebounceKey.objects.using(db)
-            .filter(key_hash=key_hash, updated_at__lte=at)
-            .update(**fields)
-        )
-        if not updated:
-            DebounceKey.objects.using(db).bulk_create(
-                [DebounceKey(key_hash=key_hash, key=key, task_name=task_name, **fields)],
-                ignore_conflicts=True,
-            )
-        if lost_run:
-            DebounceRun.objects.using(db).filter(
-                debounce_key__key_hash=key_hash,
-                store=store,
-                run_id=lost_run,
-                outcome=DebounceRun.Outcome.RUNNING,
-            ).update(outcome=DebounceRun.Outcome.LOST, finished_at=at, error="lease ran out")
-    except DatabaseError:
-        logger.exception("django_debounce: could not record key %s in the database", key_hash)

@@ -39,7 +39,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from django_debounce import conf
 from django_debounce.backends import record
-from django_debounce.backends.base import BaseBackend, Taken
+from django_debounce.backends.base import BaseBackend, Taken, TriggerManyError
 from django_debounce.state import (
     Claim,
     Dispatch,
@@ -343,10 +343,18 @@ class RedisBackend(BaseBackend):
                 out = None  # the normal path loads the script again
         if out is None:
             out = self._run("trigger", rkey, [_now(now), *head, payload_json, *tail, "", ""])
+        seeded = False
         if not isinstance(out, (bytes, str)) and len(out) == 1:
-            # new to Redis: continue the durable record's counters (another process may open
-            # the flight meanwhile, so the second call can merge)
-            seed = record.seed(key_hash)
+            # new to Redis: open the durable record and continue its counters (another
+            # process may open the flight meanwhile, so the second call can merge)
+            seed = record.seed(
+                key_hash,
+                key,
+                task_name,
+                None if options.collect else payload_json,
+                options.wait,
+            )
+            seeded = True
             out = self._run(
                 "trigger",
                 rkey,
@@ -371,28 +379,155 @@ class RedisBackend(BaseBackend):
             scheduled=dispatch is not None,
             dropped=pending == 0,
         )
-        if int(reply["opened"]) or int(reply["lost"]):
+        lost = int(reply["lost"])
+        if int(reply["opened"]) and not seeded:
             record.opened(
-                key_hash=key_hash,
-                key=key,
-                task_name=task_name,
-                at_us=int(reply["now"]),
-                state="running" if int(reply["lost"]) == 0 and not pending else "pending",
-                pending=pending,
-                flight_id=int(reply["flight_id"]),
-                due_us=int(reply["due"]),
-                payload_json=payload_json if not options.collect else None,
-                totals=(
-                    int(reply["triggers"]),
-                    int(reply["runs"]),
-                    int(reply["merged"]),
-                    int(reply["cancelled"]),
-                    int(reply["run_id"]),
-                ),
-                lost_run=int(reply["lost"]),
-                store="redis",
+                [
+                    record.Opened(
+                        key_hash=key_hash,
+                        key=key,
+                        task_name=task_name,
+                        at_us=int(reply["now"]),
+                        state="pending",
+                        pending=pending,
+                        flight_id=int(reply["flight_id"]),
+                        due_us=int(reply["due"]),
+                        payload_json=None if options.collect else payload_json,
+                        triggers=int(reply["triggers"]),
+                        runs=int(reply["runs"]),
+                        merged=int(reply["merged"]),
+                        cancelled=int(reply["cancelled"]),
+                        run_id=int(reply["run_id"]),
+                    )
+                ]
             )
+        if lost:
+            record.lost_runs(key_hash, [lost], int(reply["now"]))
         return result, dispatch
+
+    def trigger_many(self, *, task_name, items, options, now=None):
+        """One pipeline for every trigger, a second for the keys new to Redis (after one
+        statement reads and opens their durable records), one statement for the records of
+        the flights that opened."""
+        if not items:
+            return []
+        wait_us = int(options.wait * US)
+        max_wait_us = -1 if options.max_wait is None else int(options.max_wait * US)
+        edge = (2 if not options.trailing else 1) if options.leading else 0
+        tail = [wait_us, max_wait_us, edge, options.collect_limit or 0]
+        script = self.scripts["trigger"]
+        replies = self._pipeline_triggers(script, task_name, items, options, tail, now, None)
+        fresh = [
+            i
+            for i, out in enumerate(replies)
+            if not isinstance(out, (bytes, str)) and len(out) == 1
+        ]
+        seeded: set[int] = set()
+        if fresh:
+            first: dict[str, tuple[str, str, str, str | None]] = {}
+            for i in fresh:
+                key, hashed, payload = items[i]
+                first.setdefault(
+                    hashed, (hashed, key, task_name, None if options.collect else payload)
+                )
+            seeds = record.seed_many(list(first.values()), options.wait)
+            again = self._pipeline_triggers(
+                script, task_name, [items[i] for i in fresh], options, tail, now, seeds
+            )
+            for i, out in zip(fresh, again, strict=True):
+                replies[i] = out
+                seeded.add(i)
+        results: list[Any] = []
+        opened: list[record.Opened] = []
+        errors: dict[int, BaseException] = {}
+        for i, ((key, hashed, payload), out) in enumerate(zip(items, replies, strict=True)):
+            if isinstance(out, BaseException):
+                errors[i] = out
+                results.append(None)
+                continue
+            if isinstance(out, (bytes, str)):
+                flight, pending, due = _s(out).split()
+                results.append(
+                    (TriggerResult(key, int(flight), int(pending), _dt(due), False), None)
+                )
+                continue
+            reply = dict(zip(TRIGGER_REPLY, out, strict=True))
+            seq = int(reply["seq"])
+            dispatch = (
+                Dispatch(hashed, seq, int(reply["countdown"]) / US, self.store, task_name)
+                if seq
+                else None
+            )
+            pending = int(reply["pending"])
+            results.append(
+                (
+                    TriggerResult(
+                        key,
+                        int(reply["flight_id"]),
+                        pending,
+                        _dt(reply["due"]),
+                        dispatch is not None,
+                        dropped=pending == 0,
+                    ),
+                    dispatch,
+                )
+            )
+            if int(reply["opened"]) and i not in seeded:
+                opened.append(
+                    record.Opened(
+                        hashed, key, task_name, int(reply["now"]), "pending", pending,
+                        int(reply["flight_id"]), int(reply["due"]),
+                        None if options.collect else payload, int(reply["triggers"]),
+                        int(reply["runs"]), int(reply["merged"]), int(reply["cancelled"]),
+                        int(reply["run_id"]),
+                    )
+                )  # fmt: skip
+            if int(reply["lost"]):
+                record.lost_runs(hashed, [int(reply["lost"])], int(reply["now"]))
+        record.opened(opened)
+        if errors:
+            raise TriggerManyError(results, errors)
+        return results
+
+    def _pipeline_triggers(
+        self,
+        script: Any,
+        task_name: str,
+        items: Sequence[tuple[str, str, str]],
+        options: FlightOptions,
+        tail: list[Any],
+        now: datetime | None,
+        seeds: dict[str, str] | None,
+    ) -> list[Any]:
+        """The trigger script for each item in one pipeline (one round trip per node)."""
+
+        def send(indexes: list[int]) -> list[Any]:
+            pipe = self.client.pipeline(transaction=False)
+            for i in indexes:
+                key, hashed, payload = items[i]
+                extra = ["", ""] if seeds is None else [short_key(key, task_name), seeds[hashed]]
+                pipe.evalsha(
+                    script.sha,
+                    1,
+                    self.state_key(hashed),
+                    _now(now),
+                    *self._head(hashed, task_name, options),
+                    payload,
+                    *tail,
+                    *extra,
+                )
+            try:
+                return list(pipe.execute(raise_on_error=False))
+            finally:
+                pipe.reset()
+
+        replies = send(list(range(len(items))))
+        missing = [i for i, out in enumerate(replies) if isinstance(out, NoScriptError)]
+        if missing:  # a restarted or flushed server: those triggers did not run
+            script.sha = self.client.script_load(script.script)
+            for i, out in zip(missing, send(missing), strict=True):
+                replies[i] = out
+        return replies
 
     def _trigger_hot(self, rkey: str, payload: str, head: list[Any], tail: list[Any]) -> Any:
         """``EVALSHA trigger 1 rkey 0 *head payload *tail '' ''`` through ``_send_direct``; the
@@ -681,7 +816,7 @@ class RedisBackend(BaseBackend):
         if done < 0:
             from django_debounce.backends import record
 
-            record.recheck_later(key_hash, self.store)
+            record.recheck_later(key_hash)
         return done
 
     # -- the durable record -------------------------------------------------------------------

@@ -4,8 +4,9 @@
 -- ARGV (after the common header, see common.lua): [8] payload (an item in collect mode),
 -- [9] wait_us, [10] max_wait_us (-1: none), [11] edge (0: trailing, 1: leading and
 -- trailing, 2: leading only), [12] collect_limit (0: none), [13] short readable key ('':
--- none), [14] seed "run_id,flight_id,triggers,runs,merged,cancelled" of the durable record
--- ('': not read yet).
+-- none), [14] seed "run_id,flight_id,triggers,runs,merged,cancelled,pending,first_us,due_us"
+-- of the durable record ('': not read yet); pending > 0 when the record holds a flight whose
+-- Redis state was lost: this trigger joins it (nothing lost, I1).
 -- A key new to Redis returns {'seed'} without a seed: the caller reads the durable record
 -- and calls again, so counters continue where the record left them.
 local h = KEYS[1]
@@ -49,12 +50,15 @@ if fresh and ARGV[14] == '' then return {'seed'} end
 local s, o = load_state(h)
 local extra = {}
 if fresh then
-  local i = 0
-  for v in string.gmatch(ARGV[14], '[^,]+') do
-    i = i + 1
-    local n = tonumber(v)
-    if i == 1 then s.r = n elseif i == 2 then s.f = n elseif i == 3 then s.T = n
-    elseif i == 4 then s.R = n elseif i == 5 then s.M = n elseif i == 6 then s.C = n end
+  local seed = {}
+  for v in string.gmatch(ARGV[14], '[^,]+') do seed[#seed + 1] = tonumber(v) end
+  s.r, s.f, s.T, s.R, s.M, s.C = seed[1], seed[2], seed[3], seed[4], seed[5], seed[6]
+  if (seed[7] or 0) > 0 then
+    -- the record's flight lost its Redis state: it is this key's open flight again
+    s.p = seed[7]
+    s.ft = seed[8] > 0 and seed[8] or now
+    s.lt, s.an = s.ft, s.ft
+    s.d = seed[9] > 0 and seed[9] or now
   end
   if ARGV[13] ~= '' then extra = {'k', ARGV[13]} end
 end
