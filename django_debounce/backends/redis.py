@@ -502,24 +502,27 @@ class RedisBackend(BaseBackend):
         """The trigger script for each item in one pipeline (one round trip per node)."""
 
         def send(indexes: list[int]) -> list[Any]:
-            pipe = self.client.pipeline(transaction=False)
+            calls = []
             for i in indexes:
                 key, hashed, payload = items[i]
                 extra = ["", ""] if seeds is None else [short_key(key, task_name), seeds[hashed]]
-                pipe.evalsha(
-                    script.sha,
-                    1,
-                    self.state_key(hashed),
-                    _now(now),
-                    *self._head(hashed, task_name, options),
-                    payload,
-                    *tail,
-                    *extra,
+                calls.append(
+                    (
+                        self.state_key(hashed),
+                        [
+                            "EVALSHA",
+                            script.sha,
+                            1,
+                            self.state_key(hashed),
+                            _now(now),
+                            *self._head(hashed, task_name, options),
+                            payload,
+                            *tail,
+                            *extra,
+                        ],
+                    )
                 )
-            try:
-                return list(pipe.execute(raise_on_error=False))
-            finally:
-                pipe.reset()
+            return self._pipelined(calls)
 
         replies = send(list(range(len(items))))
         missing = [i for i, out in enumerate(replies) if isinstance(out, NoScriptError)]
@@ -528,6 +531,44 @@ class RedisBackend(BaseBackend):
             for i, out in zip(missing, send(missing), strict=True):
                 replies[i] = out
         return replies
+
+    def _pipelined(self, calls: list[tuple[str, list[Any]]]) -> list[Any]:
+        """Run ``(routing key, command)`` calls in one pipeline (per node of a Redis Cluster:
+        redis-py's cluster pipeline refuses scripts); a reply is the command's result or its
+        error. A call that met a cluster redirection (slots moving) is made again alone."""
+        if not self.cluster:
+            pipe = self.client.pipeline(transaction=False)
+            for _key, command in calls:
+                pipe.execute_command(*command)
+            try:
+                return list(pipe.execute(raise_on_error=False))
+            finally:
+                pipe.reset()
+        from redis.exceptions import AskError, MovedError, TryAgainError
+
+        by_node: dict[str, list[int]] = defaultdict(list)
+        nodes: dict[str, Any] = {}
+        for i, (key, _command) in enumerate(calls):
+            node = self.client.get_node_from_key(key)
+            by_node[node.name].append(i)
+            nodes[node.name] = node
+        out: list[Any] = [None] * len(calls)
+        for name, indexes in by_node.items():
+            pipe = self.client.get_redis_connection(nodes[name]).pipeline(transaction=False)
+            for i in indexes:
+                pipe.execute_command(*calls[i][1])
+            try:
+                replies = pipe.execute(raise_on_error=False)
+            finally:
+                pipe.reset()
+            for i, reply in zip(indexes, replies, strict=True):
+                if isinstance(reply, (MovedError, AskError, TryAgainError)):
+                    try:
+                        reply = self.client.execute_command(*calls[i][1])
+                    except Exception as exc:  # returned as the reply, as the pipeline does
+                        reply = exc
+                out[i] = reply
+        return out
 
     def _trigger_hot(self, rkey: str, payload: str, head: list[Any], tail: list[Any]) -> Any:
         """``EVALSHA trigger 1 rkey 0 *head payload *tail '' ''`` through ``_send_direct``; the
