@@ -1,712 +1,125 @@
-"""The database store: the ``DebounceKey`` row is the state, changed under a row lock.
+"""The database store: a key's state is its ``DebounceKey`` row, changed under a row lock, and
+the due index is the ``DebounceDue`` table (one row per key that needs attention).
 
-Each operation runs in ``transaction.atomic(using=router.db_for_write(DebounceKey))``:
-an ``INSERT ... ON CONFLICT DO NOTHING`` makes sure the row exists (so the first trigger of
-a key from several processes at once makes one row and no IntegrityError), then
-``select_for_update()`` locks it. SQLite has no row locks: there the insert is the first
-statement of the transaction, which takes SQLite's write lock at once and waits for it with
-the connection's busy timeout, so several writer processes queue instead of failing with
-"database is locked" (a deferred transaction that reads first cannot upgrade its lock).
-Times come from the database's clock (``Now()``: ``STATEMENT_TIMESTAMP()`` on PostgreSQL).
+Every operation is the rule of ``tests/model.py`` (``KeyModel``, the reference model) applied
+in Python to the row read in integer microseconds (``_Key``, whose methods carry the model's
+names and rule order, as the Lua scripts of the Redis store do), then written back in one
+statement: the changed columns of the key row, its index entry (``_reindex``), and the run
+records (``database_sql.py`` builds them).
+
+Statements per step, on PostgreSQL:
+
+- a trigger that only joins an open flight (``KeyModel.is_plain_merge``): one
+  ``UPDATE ... RETURNING`` in autocommit (the index entry stays: it may be early, never late);
+- any other step of one key: one transaction of two statements: ``SELECT ... FOR UPDATE``
+  (with the clock), then one statement whose ``WITH`` parts update the key row, put or delete
+  its index entry and write its run records (a claim's ``DebounceRun``, a finish's outcome, a
+  lost run's "lease ran out"). A key without a row first gets one (the clock, ``INSERT ...
+  ON CONFLICT DO NOTHING``, then the select again);
+- the pump's take: one transaction of three statements per batch: the clock, the due entries
+  and their keys locked ``FOR UPDATE ... SKIP LOCKED`` (concurrent pumps never take one entry
+  twice and never wait for each other), then one statement that writes the whole batch (rows
+  grouped by changed columns, ``unnest`` arrays) and reads the earliest entry left;
+- the lease keeper's extend: one statement for the whole batch.
+
+SQLite has no row locks: a step's transaction holds the database's write lock. With
+``transaction_mode`` ``IMMEDIATE`` Django's ``BEGIN IMMEDIATE`` takes it; otherwise the first
+statement of the step is a write (the trigger's ``INSERT ... ON CONFLICT DO NOTHING``, else a
+write that changes nothing), which takes the lock at once and waits for it with the busy
+timeout (a deferred transaction that reads first cannot upgrade its lock later). Its clock is
+this host's (the database is a local file); PostgreSQL's is ``clock_timestamp()``.
+
+A row whose ``store`` is ``"redis"`` mirrors a key the Redis store holds: a trigger here takes
+the key over with a flight of its own (``_Key.adopt``; the flight in Redis stays Redis's), an
+in-process claim (``fire`` with ``seq=None``) runs the flight its record holds; every other
+step leaves it alone.
 """
 
 from __future__ import annotations
 
+import copy
 import json
-import logging
 import time
-from datetime import datetime, timedelta
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
+from django.core.exceptions import ImproperlyConfigured
 from django.db import connections, router, transaction
-from django.db.models import F, Q, Value
-from django.db.models.functions import Now
-from django.utils import timezone
 
-from django_debounce.backends.base import BaseBackend
+from django_debounce import conf
+from django_debounce.backends.base import BaseBackend, LiveRun, Taken
+from django_debounce.backends.database_sql import (
+    BOOL,
+    FIELDS,
+    HEAD,
+    JSON,
+    KEY,
+    KINDS,
+    STR,
+    TIME,
+    Sql,
+    Writes,
+    q,
+    to_dt,
+    to_us,
+)
 from django_debounce.keys import dumps
-from django_debounce.models import DebounceKey, DebounceRun
+from django_debounce.models import DebounceDue, DebounceKey
 from django_debounce.state import (
     Claim,
     Dispatch,
     FireAction,
     FireDecision,
+    FlightOptions,
+    IndexStats,
     TriggerResult,
 )
 
-State = DebounceKey.State
-logger = logging.getLogger("django_debounce")
+US = 1_000_000
+_OVERLAP = [a for a, _c, _k in FIELDS].index("overlap")
+Msg = tuple[int, int]  # a message to publish: (seq, countdown in us)
+# DebounceRun.Outcome and DebounceKey.State values
+RUNNING, SUCCESS, FAILURE, LOST, RETRY = "running", "success", "failure", "lost", "retry"
+IDLE, PENDING = "idle", "pending"
 
 
-def _seconds(delta: timedelta) -> float:
-    return max(delta.total_seconds(), 0.0)
+@dataclass(frozen=True)
+class _Cfg:
+    """A task's options in microseconds (``tests.model.Config``)."""
 
-
-class DatabaseBackend(BaseBackend):
-    """Row-lock store on any Django database (PostgreSQL, SQLite, MySQL)."""
-
-    name = "database"
-
-    # -- plumbing -------------------------------------------------------------------------
+    wait: int
+    max_wait: int | None
+    leading: bool
+    trailing: bool
+    overlap: bool
+    collect_limit: int | None
+    lease: int
 
     @property
-    def alias(self) -> str:
-        return router.db_for_write(DebounceKey)
+    def collect(self) -> bool:
+        return self.collect_limit is not None
 
-    def _lock(
-        self, key_hash: str, now: datetime | None = None
-    ) -> tuple[DebounceKey | None, datetime]:
-        row = (
-            DebounceKey.objects.using(self.alias)
-            .select_for_update()
-            .annotate(db_now=Now())
-            .filter(key_hash=key_hash)
-            .first()
+
+_configs: dict[FlightOptions, _Cfg] = {}
+
+
+def _cfg(options: FlightOptions) -> _Cfg:
+    cfg = _configs.get(options)
+    if cfg is None:
+        cfg = _configs[options] = _Cfg(
+            wait=int(round(options.wait * US)),
+            max_wait=None if options.max_wait is None else int(round(options.max_wait * US)),
+            leading=options.leading,
+            trailing=options.trailing,
+            overlap=options.overlap,
+            collect_limit=options.collect_limit,
+            lease=int(round(options.lease * US)),
         )
-        if row is None:
-            return None, now or timezone.now()
-        return row, now or row.db_now
-
-    def _save(self, row: DebounceKey) -> None:
-        row.state = (
-            State.RUNNING
-            if row.running_until is not None
-            else State.PENDING
-            if row.pending
-            else State.IDLE
-        )
-        row.store = "database"
-        row.merge_until = _merge_until(row)
-        row.save(using=self.alias)
-
-    def _schedule(self, row: DebounceKey, at: datetime, now: datetime) -> Dispatch:
-        """Mark a new dispatch message outstanding for ``at`` (fencing the older ones)."""
-        row.scheduled_seq += 1
-        row.scheduled = True
-        row.scheduled_at = at
-        return Dispatch(row.key_hash, row.scheduled_seq, _seconds(at - now))
-
-    def _watchdog(self, row: DebounceKey, now: datetime) -> Dispatch | None:
-        """At most one watchdog per key is parked at a time: publish one for the live run's
-        lease end unless one is already due later than now."""
-        if row.running_until is None:
-            return None
-        if row.watchdog_at is not None and row.watchdog_at > now:
-            return None
-        row.watchdog_at = row.running_until
-        return Dispatch(
-            row.key_hash, _us(row.running_until), _seconds(row.running_until - now), kind="watch"
-        )
-
-    def _recover_lease(self, row: DebounceKey, now: datetime) -> None:
-        """A live run whose lease ran out is lost: its triggers go back to pending (I7)."""
-        if row.running_until is None or row.running_until > now:
-            return
-        DebounceRun.objects.using(self.alias).filter(
-            debounce_key_id=row.pk,
-            store=row.store,
-            run_id=row.run_id,
-            outcome=DebounceRun.Outcome.RUNNING,
-        ).update(outcome=DebounceRun.Outcome.LOST, finished_at=now, error="lease ran out")
-        attempt = row.run_attempt
-        self._unclaim(row, now)
-        row.attempt = max(row.attempt, attempt + 1)  # a lost run counts as an attempt
-        row.last_outcome = DebounceRun.Outcome.LOST
-
-    def _unclaim(self, row: DebounceKey, now: datetime) -> None:
-        """The live run's triggers go back to pending (a lost run, or a failed one to retry);
-        its claim is taken out of the totals, so I6 counts them once, in the run that
-        finally covers them."""
-        claimed = row.run_triggers
-        row.runs = max(row.runs - 1, 0)
-        row.merged = max(row.merged - max(claimed - 1, 0), 0)
-        if row.pending == 0:
-            row.flight_id += 1
-            row.first_trigger_at = row.run_first_trigger_at
-            row.last_trigger_at = row.last_trigger_at or row.run_first_trigger_at
-            row.payload = row.run_payload
-            row.due_at = now
-            row.due_fixed = False
-        else:
-            # Newer triggers keep their quiet period (I3); the run's triggers are older and
-            # are covered when this flight runs.
-            row.first_trigger_at = min(row.first_trigger_at, row.run_first_trigger_at or now)
-            if isinstance(row.run_payload, list):  # collect: the run's items come first
-                row.payload = _union(row.run_payload, row.payload or [])
-        row.pending += claimed
-        row.attempt = max(row.attempt, row.run_attempt)
-        row.running_until = None
-        row.run_triggers = 0
-        row.run_payload = None
-        row.run_first_trigger_at = None
-        row.run_attempt = 0
-
-    def _adopt(self, row: DebounceKey) -> None:
-        """Take over a row whose live state is in Redis (trigger during a Redis outage).
-
-        The flight in Redis stays Redis's; this store opens its own flight with its own
-        dispatch message, so nothing accepted here depends on Redis coming back.
-        """
-        row.pending = 0
-        row.payload = None
-        row.first_trigger_at = row.last_trigger_at = row.due_at = None
-        row.scheduled = False
-        row.scheduled_at = None
-        row.running_until = None
-        row.run_triggers = 0
-        row.run_payload = None
-        row.run_first_trigger_at = None
-        row.run_attempt = 0
-        row.watchdog_at = None
-        row.due_fixed = False
-        row.attempt = 0
-        row.not_before = None
-
-    def _merge(
-        self, alias: str, key_hash: str, payload: str, wait: float, max_wait: float | None
-    ) -> tuple[int, int, datetime] | None:
-        """The hot path on PostgreSQL: a trigger that only merges into an open flight is one
-        ``UPDATE ... RETURNING`` (it takes the row lock, like the full path, in one round trip).
-
-        Returns ``None`` when the trigger is not a plain merge (new key, no message
-        outstanding, lease or message overdue, the flight now due before its message):
-        the full path then decides.
-        """
-        with connections[alias].cursor() as cursor:
-            cursor.execute(
-                _MERGE_SQL.format(table=DebounceKey._meta.db_table),
-                [payload, wait, max_wait, key_hash, wait, max_wait],
-            )
-            return cursor.fetchone()
-
-    # -- operations -----------------------------------------------------------------------
-
-    def trigger(
-        self,
-        *,
-        task_name,
-        key,
-        key_hash,
-        payload,
-        wait,
-        max_wait,
-        overlap=False,
-        payload_json=None,
-        leading=False,
-        trailing=True,
-        collect_limit=None,
-        now=None,
-    ):
-        alias = self.alias
-        if now is None and collect_limit is None and connections[alias].vendor == "postgresql":
-            merged = self._merge(
-                alias, key_hash, payload_json or json.dumps(payload), wait, max_wait
-            )
-            if merged is not None:
-                flight_id, pending, due_at = merged
-                return TriggerResult(key, flight_id, pending, due_at, scheduled=False), None, None
-        with transaction.atomic(using=alias):
-            DebounceKey.objects.using(self.alias).bulk_create(
-                [
-                    DebounceKey(
-                        key=key, key_hash=key_hash, task_name=task_name, scheduled_seq=_seq_base()
-                    )
-                ],
-                ignore_conflicts=True,
-            )
-            row, now = self._lock(key_hash, now)
-            assert row is not None
-            if row.store != "database":
-                self._adopt(row)
-            row.overlap = overlap
-            self._recover_lease(row, now)
-            undo = {
-                "opened": row.pending == 0,
-                "payload": row.payload,
-                "last_trigger_at": row.last_trigger_at,
-                "due_at": row.due_at,
-                "due_fixed": row.due_fixed,
-                "at": now,
-            }
-            if row.pending == 0:
-                edge = _edge(row, now, wait, max_wait, leading, trailing)
-                if edge == "drop":
-                    # trailing=False: inside the window of a leading run (lodash drops it)
-                    row.triggers += 1
-                    row.cancelled += 1
-                    row.last_trigger_at = now
-                    self._save(row)
-                    result = TriggerResult(key, row.flight_id, 0, None, False, dropped=True)
-                    return result, None, None
-                row.flight_id += 1
-                row.first_trigger_at = now
-                row.payload = [] if collect_limit is not None else None
-                row.due_fixed = edge == "leading"
-                row.attempt = 0
-                row.not_before = None
-            row.pending += 1
-            row.triggers += 1
-            row.last_trigger_at = now
-            full = False
-            if collect_limit is not None:
-                items = list(row.payload or [])
-                added = _add_item(items, payload)
-                undo["added"] = added
-                undo["item"] = payload
-                row.payload = items
-                full = len(items) >= collect_limit
-            else:
-                row.payload = payload
-            if row.due_fixed and row.due_at is not None:
-                due = row.due_at  # a leading or full flight is not delayed by later triggers
-            elif row.due_fixed or full:
-                due = now
-            else:
-                due = now + timedelta(seconds=wait)
-                if max_wait is not None:
-                    due = min(due, row.first_trigger_at + timedelta(seconds=max_wait))
-                if not undo["opened"] and row.due_at is not None:
-                    # Never earlier than the due time given to the flight's earlier triggers
-                    # (I3): a lost or retried run that rejoined it brought an older first.
-                    due = max(due, row.due_at)
-            if full:
-                row.due_fixed = True
-            if row.not_before is not None and due < row.not_before:
-                due = row.not_before  # a retry's backoff: later triggers join the retry
-            row.due_at = due
-            dispatch = None
-            lost_message = (
-                row.scheduled
-                and row.scheduled_at is not None
-                and row.scheduled_at + timedelta(seconds=_grace()) < now
-            )
-            if row.running_until is not None and not overlap:
-                dispatch = self._watchdog(row, now)  # the finishing run schedules the flight
-            elif (
-                not row.scheduled
-                or lost_message
-                or (row.scheduled_at is not None and row.scheduled_at > due)
-            ):
-                dispatch = self._schedule(row, due, now)
-            self._save(row)
-        result = TriggerResult(
-            key=key,
-            flight_id=row.flight_id,
-            pending=row.pending,
-            due_at=row.due_at,
-            scheduled=dispatch is not None and dispatch.kind == "fire",
-        )
-        return result, dispatch, undo
-
-    def abort_trigger(self, key_hash, seq, undo):
-        with transaction.atomic(using=self.alias):
-            row, _now = self._lock(key_hash)
-            if row is None or row.pending == 0:
-                return
-            if undo.get("kind") == "watch":
-                if row.watchdog_at is None or _us(row.watchdog_at) != seq:
-                    return
-                row.watchdog_at = None
-            else:
-                if row.scheduled_seq != seq or not row.scheduled:
-                    return
-                row.scheduled = False
-                row.scheduled_at = None
-            row.pending -= 1
-            row.triggers -= 1
-            if row.pending == 0:
-                row.flight_id -= 1 if undo["opened"] else 0
-                row.first_trigger_at = row.due_at = None
-                # the key's last trigger is the one before (the next trigger's edge uses it)
-                row.last_trigger_at = undo["last_trigger_at"]
-                row.payload = None
-                row.due_fixed = False
-            elif row.last_trigger_at == undo["at"] and undo["due_at"] is not None:
-                # No trigger came after the one taken back: the flight is as it was before it.
-                # Collected items: only its own goes (a retried or lost run's items may have
-                # rejoined the flight since).
-                if not isinstance(row.payload, list):
-                    row.payload = undo["payload"]
-                elif undo.get("added"):
-                    row.payload = [i for i in row.payload if dumps(i) != dumps(undo["item"])]
-                row.last_trigger_at = undo["last_trigger_at"]
-                row.due_at = undo["due_at"]
-                if row.not_before is not None:  # a retry's backoff that began since
-                    row.due_at = max(row.due_at, row.not_before)
-                row.due_fixed = undo.get("due_fixed", row.due_fixed)
-            elif (
-                undo.get("added")
-                and isinstance(row.payload, list)
-                and len(row.payload) == row.pending + 1
-            ):
-                # Later triggers merged meanwhile, each adding an item of its own (one item per
-                # pending trigger), so none sent this item again: only it goes. Otherwise one
-                # may have, and the item stays (a run of it rather than a trigger lost, I1).
-                row.payload = [i for i in row.payload if dumps(i) != dumps(undo["item"])]
-            # Otherwise later triggers merged meanwhile (believing a message was out): they keep
-            # their payload and due time, and with no message outstanding now, the next trigger
-            # or recovery publishes one for them.
-            self._save(row)
-
-    def fire(self, key_hash, seq, *, overlap, lease, now=None, store=None, collect_limit=None):
-        with transaction.atomic(using=self.alias):
-            row, now = self._lock(key_hash, now)
-            if row is None:
-                return FireDecision(FireAction.DROP)
-            row.overlap = overlap
-            self._recover_lease(row, now)
-            if seq is not None and (
-                seq != row.scheduled_seq or not row.scheduled or row.store != "database"
-            ):
-                self._save(row)
-                return FireDecision(FireAction.DROP)
-            if row.pending == 0:
-                row.scheduled = False
-                self._save(row)
-                return FireDecision(FireAction.DROP)
-            if row.due_at is None:
-                row.due_at = now  # defensive: a pending flight always has a due time
-            if now < row.due_at:
-                dispatch = self._schedule(row, row.due_at, now)
-                self._save(row)
-                return FireDecision(FireAction.REARM, dispatch=dispatch)
-            if row.running_until is not None and not overlap:
-                # The finishing run schedules this flight; a watchdog at the end of the live
-                # run's lease makes sure a run whose worker died is still redone (I7).
-                row.scheduled = False
-                row.scheduled_at = None
-                dispatch = self._watchdog(row, now)
-                self._save(row)
-                return FireDecision(FireAction.WAIT, dispatch=dispatch)
-            claim, follow = self._claim(row, now, lease, collect_limit)
-            self._save(row)
-            DebounceRun.objects.using(self.alias).create(
-                debounce_key_id=row.pk,
-                store="database",
-                task_name=row.task_name,
-                flight_id=claim.flight_id,
-                run_id=claim.run_id,
-                attempt=claim.attempt,
-                triggers=claim.triggers,
-                first_trigger_at=claim.first_trigger_at,
-                last_trigger_at=claim.last_trigger_at,
-                due_at=claim.due_at,
-                started_at=now,
-                delay=_seconds(now - claim.last_trigger_at),
-            )
-        return FireDecision(FireAction.CLAIM, claim=claim, dispatch=follow)
-
-    def _claim(
-        self, row: DebounceKey, now: datetime, lease: float, collect_limit: int | None
-    ) -> tuple[Claim, Dispatch | None]:
-        """Turn the due flight into run ``run_id + 1``. In collect mode a run takes at most
-        ``collect_limit`` items; the rest (one trigger each) stay pending as the next flight,
-        with the flight's times, due at once when still full. Returns the claim and, with
-        overlap, the message for that next flight."""
-        row.run_id += 1
-        payload, rest = row.payload, None
-        if collect_limit is not None and isinstance(payload, list) and len(payload) > collect_limit:
-            payload, rest = payload[:collect_limit], payload[collect_limit:]
-        claimed = row.pending - (len(rest) if rest else 0)
-        claim = Claim(
-            key_hash=row.key_hash,
-            key=row.key,
-            task_name=row.task_name,
-            run_id=row.run_id,
-            flight_id=row.flight_id,
-            triggers=claimed,
-            payload=payload,
-            first_trigger_at=row.first_trigger_at,
-            last_trigger_at=row.last_trigger_at,
-            due_at=row.due_at,
-            started_at=now,
-            attempt=row.attempt,
-        )
-        row.running_until = now + timedelta(seconds=lease)
-        row.run_triggers = claimed
-        row.run_payload = payload
-        row.run_first_trigger_at = row.first_trigger_at
-        row.run_attempt = row.attempt
-        row.runs += 1
-        row.merged += claimed - 1
-        row.attempt = 0
-        row.not_before = None
-        row.scheduled = False
-        row.scheduled_at = None
-        row.last_run_at = now
-        follow = None
-        if rest:
-            row.flight_id += 1
-            row.pending = len(rest)
-            row.payload = rest
-            row.due_fixed = len(rest) >= (collect_limit or 0)
-            row.due_at = now if row.due_fixed else row.due_at
-            if row.overlap:
-                follow = self._schedule(row, row.due_at, now)
-        else:
-            row.pending = 0
-            row.payload = None
-            row.first_trigger_at = None
-            row.due_at = None
-            row.due_fixed = False
-        return claim, follow
-
-    def finish(self, key_hash, run_id, *, ok, error="", retry_in=None, store=None, now=None):
-        if ok:
-            outcome = DebounceRun.Outcome.SUCCESS
-        elif retry_in is not None:
-            outcome = DebounceRun.Outcome.RETRY
-        else:
-            outcome = DebounceRun.Outcome.FAILURE
-        with transaction.atomic(using=self.alias):
-            row, now = self._lock(key_hash, now)
-            if row is None:
-                return None
-            lost = row.running_until is not None and row.running_until <= now
-            self._recover_lease(row, now)
-            current = row.run_id == run_id and row.running_until is not None
-            DebounceRun.objects.using(self.alias).filter(
-                debounce_key_id=row.pk,
-                store="database",
-                run_id=run_id,
-                outcome=DebounceRun.Outcome.RUNNING,
-            ).update(
-                outcome=outcome if current else DebounceRun.Outcome.LOST,
-                finished_at=now,
-                error=error if current else (error or "finished after its lease ran out"),
-            )
-            if not current:
-                # A late finisher after its lease ran out changes nothing; the flight its lost
-                # run went back to (recovered just now) gets its message.
-                dispatch = None
-                if lost and row.pending and row.running_until is None and not row.scheduled:
-                    dispatch = self._schedule(row, max(row.due_at or now, now), now)
-                self._save(row)
-                return dispatch
-            row.last_outcome = outcome
-            if outcome == DebounceRun.Outcome.RETRY:
-                attempt = row.run_attempt + 1
-                self._unclaim(row, now)
-                row.attempt = attempt
-                row.not_before = now + timedelta(seconds=max(retry_in, 0.0))
-                row.due_at = max(row.due_at or now, row.not_before)
-                row.due_fixed = False
-            else:
-                row.running_until = None
-                row.run_triggers = 0
-                row.run_payload = None
-                row.run_first_trigger_at = None
-                row.run_attempt = 0
-            dispatch = None
-            if row.pending:
-                at = max(row.due_at or now, now)
-                if not row.scheduled or row.scheduled_at is None or row.scheduled_at > at:
-                    dispatch = self._schedule(row, at, now)
-            self._save(row)
-        return dispatch
-
-    def watch(self, key_hash, at, *, store=None, now=None):
-        with transaction.atomic(using=self.alias):
-            row, now = self._lock(key_hash, now)
-            if row is None or row.store != "database":
-                return None
-            self._recover_lease(row, now)
-            dispatch = None
-            current = (
-                row.watchdog_at is None or _us(row.watchdog_at) == at or row.watchdog_at <= now
-            )
-            if row.running_until is not None:
-                if current:
-                    row.watchdog_at = None
-                    dispatch = self._watchdog(row, now)
-            else:
-                if current:
-                    row.watchdog_at = None
-                if row.pending and not row.scheduled:
-                    dispatch = self._schedule(row, max(row.due_at or now, now), now)
-            self._save(row)
-        return dispatch
-
-    def heartbeat(self, key_hash, run_id, lease, *, store=None, now=None):
-        with transaction.atomic(using=self.alias):
-            row, now = self._lock(key_hash, now)
-            if row is None or row.run_id != run_id or row.running_until is None:
-                return False
-            if row.running_until <= now:
-                return False  # the lease ran out: the run is lost (as _recover_lease has it)
-            row.running_until = now + timedelta(seconds=lease)
-            self._save(row)
-        return True
-
-    def flush(self, key_hash, *, now=None):
-        with transaction.atomic(using=self.alias):
-            row, now = self._lock(key_hash, now)
-            if row is None or row.pending == 0:
-                return None
-            row.due_at = now
-            row.not_before = None
-            dispatch = self._schedule(row, now, now)
-            self._save(row)
-        return dispatch
-
-    def cancel(self, key_hash, *, now=None):
-        with transaction.atomic(using=self.alias):
-            row, _now = self._lock(key_hash, now)
-            if row is None or row.pending == 0:
-                return 0
-            dropped = row.pending
-            row.cancelled += dropped
-            row.pending = 0
-            row.payload = None
-            row.first_trigger_at = row.last_trigger_at = row.due_at = None
-            row.due_fixed = False
-            row.attempt = 0
-            row.not_before = None
-            row.scheduled_seq += 1  # any outstanding message is now stale
-            row.scheduled = False
-            row.scheduled_at = None
-            self._save(row)
-        return dropped
-
-    def due_keys(self, now=None, task_names=None):
-        qs = DebounceKey.objects.using(self.alias).filter(pending__gt=0, due_at__lte=now or Now())
-        if task_names is not None:
-            qs = qs.filter(task_name__in=task_names)
-        return list(qs.order_by("due_at").values_list("task_name", "key_hash"))
-
-    def recover(self, *, grace, adopt=(), now=None):
-        """Step 5 on rows this store owns, plus ``adopt``: key hashes of rows mirrored from
-        Redis whose Redis state is gone (a Redis restarted empty); those flights are then run
-        from their durable record."""
-        out: list[tuple[str, Dispatch]] = []
-        qs = DebounceKey.objects.using(self.alias).filter(
-            Q(store="database") | Q(key_hash__in=list(adopt)),
-            state__in=[State.PENDING, State.RUNNING],  # the state index: idle rows need nothing
-        )
-        clock = now or timezone.now()
-        cutoff = clock - timedelta(seconds=grace)
-        candidates = (
-            list(qs.filter(running_until__lte=clock).values_list("key_hash", flat=True))
-            + list(
-                qs.filter(pending__gt=0, scheduled=False, running_until__isnull=True).values_list(
-                    "key_hash", flat=True
-                )
-            )
-            + list(
-                qs.filter(pending__gt=0, scheduled=True, scheduled_at__lt=cutoff).values_list(
-                    "key_hash", flat=True
-                )
-            )
-        )
-        for key_hash in dict.fromkeys(candidates):
-            try:
-                dispatch = self._recover_one(key_hash, grace, now)
-            except Exception:  # one bad row must not stop the recovery of every other key
-                logger.exception("django_debounce: recovery of key %s failed", key_hash)
-                continue
-            if dispatch is not None:
-                out.append(dispatch)
-        return out
-
-    def _recover_one(
-        self, key_hash: str, grace: float, now: datetime | None = None
-    ) -> tuple[str, Dispatch] | None:
-        out = None
-        with transaction.atomic(using=self.alias):
-            row, now = self._lock(key_hash, now)
-            if row is None:
-                return None
-            self._recover_lease(row, now)
-            overdue = (
-                row.scheduled
-                and row.scheduled_at is not None
-                and row.scheduled_at + timedelta(seconds=grace) < now
-            )
-            if row.pending and row.running_until is None and (not row.scheduled or overdue):
-                at = max(row.due_at or now, now)
-                out = (row.task_name, self._schedule(row, at, now))
-            self._save(row)
-        return out
-
-    def live_state(self, key_hash):
-        return (
-            DebounceKey.objects.using(self.alias)
-            .filter(key_hash=key_hash)
-            .annotate(seq=F("scheduled_seq"), store_code=Value("d"))
-            .values(
-                "pending",
-                "flight_id",
-                "triggers",
-                "runs",
-                "merged",
-                "cancelled",
-                "state",
-                "seq",
-                "store_code",
-            )
-            .first()
-        )
-
-    def pending_counts(self, key_hashes):
-        return dict(
-            DebounceKey.objects.using(self.alias)
-            .filter(key_hash__in=key_hashes)
-            .values_list("key_hash", "pending")
-        )
+    return cfg
 
 
-_DUE_SQL = (
-    "GREATEST(due_at, LEAST(STATEMENT_TIMESTAMP() + %s * INTERVAL '1 second',"
-    " first_trigger_at + %s * INTERVAL '1 second'))"
-)
-# A flight this trigger makes due before its outstanding message (max_wait from an early
-# first trigger) is no plain merge: the full path publishes a message for the earlier time.
-_MERGE_SQL = (
-    "UPDATE {table} SET pending = pending + 1, triggers = triggers + 1,"
-    " last_trigger_at = STATEMENT_TIMESTAMP(), payload = %s::jsonb,"
-    f" due_at = {_DUE_SQL}"
-    " WHERE key_hash = %s AND merge_until > STATEMENT_TIMESTAMP()"
-    f" AND (scheduled_at IS NULL OR {_DUE_SQL} >= scheduled_at)"
-    " RETURNING flight_id, pending, due_at"
-)
-
-
-def _edge(
-    row: DebounceKey,
-    now: datetime,
-    wait: float,
-    max_wait: float | None,
-    leading: bool,
-    trailing: bool,
-) -> str:
-    """How a trigger that opens a flight starts it (edge semantics as lodash debounce).
-
-    ``"leading"``: with ``leading``, when the key's last trigger is ``wait`` or more ago
-    (lodash's ``timeSinceLastCall >= wait``), or its last run started ``max_wait`` or more ago
-    (``timeSinceLastInvoke >= maxWait``): the flight is due at once. ``"drop"``: with
-    ``trailing=False``, any other trigger (it falls inside the window of a leading run).
-    ``"trailing"``: a flight due ``wait`` after its last trigger.
-    """
-    if leading:
-        last = row.last_trigger_at
-        if last is None or (now - last).total_seconds() >= wait:
-            return "leading"
-        ran = row.last_run_at
-        if max_wait is not None and (ran is None or (now - ran).total_seconds() >= max_wait):
-            return "leading"
-    return "trailing" if trailing else "drop"
-
-
-def _add_item(items: list, item: object) -> bool:
-    """Append ``item`` unless an equal JSON value is there (collect keeps distinct items in
-    trigger order); returns whether it was added."""
-    encoded = dumps(item)
-    if any(dumps(i) == encoded for i in items):
-        return False
-    items.append(item)
-    return True
-
-
-def _union(first: list, then: list) -> list:
+def _union(first: list[Any], then: list[Any]) -> list[Any]:
     """``first`` followed by the items of ``then`` not already in it (by JSON value)."""
     out = list(first)
     seen = {dumps(i) for i in out}
@@ -717,40 +130,1044 @@ def _union(first: list, then: list) -> list:
     return out
 
 
-def _merge_until(row: DebounceKey) -> datetime | None:
-    """Until when a trigger of this key only merges (same rule as ``merge_until`` in the Redis
-    store's Lua): a flight is open with its dispatch message outstanding and not overdue, or a
-    live run (no overlap) will schedule it and its lease watchdog is parked. A flight whose
-    due time is fixed (leading edge, full batch) or held by a retry backoff, and collected
-    flights (whose payload is a list), always take the full path."""
-    if row.pending == 0 or row.due_fixed or row.not_before is not None:
+def _min(a: int | None, b: int | None) -> int | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return min(a, b)
+
+
+class _Key:
+    """The state of one key, read from its row (times in integer microseconds). Twin of
+    ``KeyModel`` in tests/model.py and of common.lua: the same rules in the same order.
+
+    Payloads: JSON text when not collecting (never parsed but for a claim), the list of items
+    when collecting."""
+
+    pending: int
+    flight_id: int
+    first: int | None
+    last: int | None
+    anchor: int | None
+    due: int | None
+    payload: Any
+    due_fixed: bool
+    attempt: int
+    not_before: int | None
+    seq: int
+    taken: bool
+    taken_at: int | None
+    run_id: int
+    run_seq: int
+    running_until: int | None
+    run_triggers: int
+    run_payload: Any
+    run_first: int | None
+    run_anchor: int | None
+    run_attempt: int
+    last_run_at: int | None
+    triggers: int
+    runs: int
+    merged: int
+    cancelled: int
+    overlap: bool
+    state: str
+    store: str
+    last_outcome: str
+
+    def __init__(self, row: Sequence[Any], cfg: _Cfg | None, retake: int, direct: int) -> None:
+        self.pk, self.key_hash, self.key, self.task_name = row[: len(HEAD)]
+        if cfg is None:
+            overlap = bool(row[len(HEAD) + _OVERLAP])
+            cfg = _Cfg(0, None, False, True, overlap, None, 0)
+        self.cfg = cfg
+        self.retake = retake
+        self.direct = direct
+        self.events: list[int] = []  # run ids lost in this step
+        self.extra: dict[str, Any] = {}  # other columns to write (adopt)
+        orig = []
+        for (attr, _col, kind), value in zip(FIELDS, row[len(HEAD) :], strict=True):
+            if kind == TIME:
+                value = to_us(value)
+            elif kind == JSON:
+                if cfg.collect:
+                    value = json.loads(value) if isinstance(value, str) else value
+                    if value is not None and not isinstance(value, list):
+                        value = [value]  # the task collected since the flight opened
+                    orig.append(dumps(value))
+                    setattr(self, attr, value)
+                    continue
+                if value is not None and not isinstance(value, str):
+                    value = dumps(value)
+            elif kind == STR:
+                value = value or ""
+            elif kind == BOOL:
+                value = bool(value)
+            else:
+                value = int(value)
+            orig.append(value)
+            setattr(self, attr, value)
+        self._orig = orig
+        if self.pending and self.anchor is None:
+            self.anchor = self.first  # rows written before the anchor existed
+        self.overlap = cfg.overlap
+
+    # -- writing -----------------------------------------------------------------------------
+
+    def changes(self) -> tuple[tuple[str, ...], list[Any]]:
+        """The columns that changed and their new values (times in microseconds, JSON as
+        text); the row's ``state`` and ``store`` follow the state."""
+        self.state = (
+            RUNNING if self.running_until is not None else PENDING if self.pending else IDLE
+        )
+        self.store = "database"
+        cols: list[str] = []
+        values: list[Any] = []
+        for (attr, col, kind), old in zip(FIELDS, self._orig, strict=True):
+            value = getattr(self, attr)
+            if kind == JSON and self.cfg.collect:
+                value = dumps(value)
+                if value == old:
+                    continue
+                if value == "null":
+                    value = None
+            elif value == old and type(value) is type(old):
+                continue
+            cols.append(col)
+            values.append(value)
+        for col, value in self.extra.items():
+            cols.append(col)
+            values.append(value)
+        return tuple(cols), values
+
+    # -- helpers (KeyModel's) ------------------------------------------------------------
+
+    def next_seq(self, now: int) -> int:
+        self.seq = max(self.seq + 1, now)
+        return self.seq
+
+    def live(self) -> bool:
+        return self.running_until is not None
+
+    def attention(self) -> int | None:
+        """When the key next needs attention (its index entry), ``None`` for never."""
+        times = []
+        if self.running_until is not None:
+            times.append(self.running_until)
+        if self.pending and (self.running_until is None or self.cfg.overlap):
+            if self.taken:
+                assert self.taken_at is not None
+                times.append(self.taken_at + self.retake)
+            else:
+                assert self.due is not None
+                times.append(self.due)
+        return min(times) if times else None
+
+    def schedule(self, at: int, now: int) -> Msg | None:
+        """The flight is due at ``at``: within ``direct`` of now its message goes out at once
+        (taken, returned for the caller to publish); otherwise it waits in the index."""
+        if at - now <= self.direct:
+            seq = self.next_seq(now)
+            self.taken = True
+            self.taken_at = max(at, now)
+            return seq, max(at - now, 0)
+        self.taken = False
+        self.taken_at = None
         return None
-    if isinstance(row.payload, list):
-        return None
-    grace = timedelta(seconds=_grace())
-    if row.running_until is None:
-        return row.scheduled_at + grace if row.scheduled and row.scheduled_at else None
-    if row.overlap:
-        if row.scheduled and row.scheduled_at:
-            return min(row.scheduled_at + grace, row.running_until)
-        return None
-    return min(row.running_until, row.watchdog_at) if row.watchdog_at else None
+
+    def end_run(self) -> None:
+        self.running_until = None
+        self.run_seq = 0
+        self.run_triggers = 0
+        self.run_payload = None
+        self.run_first = None
+        self.run_anchor = None
+        self.run_attempt = 0
+
+    def unclaim(self, now: int) -> None:
+        """The live run's triggers go back to pending (a lost run, or a failed one to retry);
+        its claim is taken out of the totals, so I6 counts them once."""
+        claimed = self.run_triggers
+        self.runs = max(self.runs - 1, 0)
+        self.merged = max(self.merged - max(claimed - 1, 0), 0)
+        if self.pending == 0:
+            self.flight_id += 1
+            self.first = self.run_first
+            self.anchor = self.run_anchor if self.run_anchor is not None else self.run_first
+            self.last = self.last if self.last is not None else self.run_first
+            self.payload = copy.deepcopy(self.run_payload)
+            self.due = now
+            self.due_fixed = False
+            self.taken = False
+            self.taken_at = None
+        else:
+            # newer triggers keep their quiet period (I3); the run's triggers are older
+            self.first = _min(self.first, self.run_first)
+            self.anchor = _min(self.anchor, self.run_anchor)
+            if self.cfg.collect:
+                self.payload = _union(self.run_payload or [], self.payload or [])
+        self.pending += claimed
+        self.attempt = max(self.attempt, self.run_attempt)
+        self.end_run()
+
+    def recover_lease(self, now: int) -> bool:
+        """A live run whose lease ran out is lost: its triggers go back to pending (I7)."""
+        if self.running_until is None or self.running_until > now:
+            return False
+        lost = self.run_id
+        attempt = self.run_attempt
+        self.unclaim(now)
+        self.attempt = max(self.attempt, attempt + 1)  # a lost run counts as an attempt
+        self.last_outcome = LOST
+        self.events.append(lost)
+        return True
+
+    def edge(self, now: int) -> str:
+        """lodash's edges: ``leading`` when the last trigger is ``wait`` or more ago
+        (timeSinceLastCall) or the last run ``max_wait`` or more ago (timeSinceLastInvoke)."""
+        cfg = self.cfg
+        if cfg.leading:
+            if self.last is None or now - self.last >= cfg.wait:
+                return "leading"
+            if cfg.max_wait is not None and (
+                self.last_run_at is None or now - self.last_run_at >= cfg.max_wait
+            ):
+                return "leading"
+        return "trailing" if cfg.trailing else "drop"
+
+    def anchor_at(self, now: int) -> int:
+        """Where ``max_wait`` of a flight opened now counts from (lodash's lastInvokeTime):
+        the last run's claim while the stream goes on, else now."""
+        cfg = self.cfg
+        if (
+            cfg.max_wait is not None
+            and self.last is not None
+            and now - self.last < cfg.wait
+            and self.last_run_at is not None
+            and now - self.last_run_at < cfg.max_wait
+        ):
+            return self.last_run_at
+        return now
+
+    def is_plain_merge(self, now: int) -> bool:
+        if self.cfg.collect or self.pending == 0:
+            return False
+        return self.running_until is None or self.running_until > now
+
+    def current(self, run_id: int) -> bool:
+        return self.run_id == run_id and self.running_until is not None
+
+    def adopt(self) -> None:
+        """Take over a row whose live state is in Redis (a trigger during a Redis outage):
+        the flight in Redis stays Redis's; this store opens its own."""
+        self.pending = 0
+        self.payload = None
+        self.first = self.last = self.anchor = self.due = None
+        self.due_fixed = False
+        self.attempt = 0
+        self.not_before = None
+        self.taken = False
+        self.taken_at = None
+        self.end_run()
+        self.extra = {"recheck_at": None, "watchdog_at": None, "merge_until": None}
+
+    # -- operations (KeyModel's) -------------------------------------------------------------
+
+    def trigger(self, now: int, payload_json: str) -> tuple[str, Msg | None]:
+        """Twin of trigger.lua and KeyModel.trigger. Returns ``(how, message)``: how is
+        ``merged`` (a plain merge: the entry stays), ``dropped`` or ``counted``."""
+        cfg = self.cfg
+        if self.is_plain_merge(now):
+            assert self.due is not None and self.anchor is not None
+            self.pending += 1
+            self.triggers += 1
+            self.last = now
+            self.payload = payload_json
+            if not self.due_fixed:
+                due = now + cfg.wait
+                if cfg.max_wait is not None:
+                    due = min(due, self.anchor + cfg.max_wait)
+                self.due = max(due, self.due)
+            if self.not_before is not None:
+                self.due = max(self.due, self.not_before)
+            return "merged", None
+        self.recover_lease(now)
+        opened = self.pending == 0
+        if opened:
+            edge = self.edge(now)
+            if edge == "drop":
+                # trailing=False: inside the window of a leading run (lodash drops it)
+                self.triggers += 1
+                self.cancelled += 1
+                self.last = now
+                return "dropped", None
+            self.flight_id += 1
+            self.first = now
+            self.anchor = self.anchor_at(now)
+            self.payload = [] if cfg.collect else None
+            self.due_fixed = edge == "leading"
+            self.attempt = 0
+            self.not_before = None
+            self.taken = False
+            self.taken_at = None
+        self.pending += 1
+        self.triggers += 1
+        self.last = now
+        full = False
+        if cfg.collect:
+            assert cfg.collect_limit is not None
+            item = json.loads(payload_json)
+            items = list(self.payload or [])
+            if dumps(item) not in {dumps(i) for i in items}:
+                items.append(item)
+            self.payload = items
+            full = len(items) >= cfg.collect_limit
+        else:
+            self.payload = payload_json
+        if self.due_fixed and not opened:
+            assert self.due is not None
+            due = self.due  # a leading or full flight is not delayed by later triggers
+        elif self.due_fixed or full:
+            due = now
+        else:
+            assert self.anchor is not None
+            due = now + cfg.wait
+            if cfg.max_wait is not None:
+                due = min(due, self.anchor + cfg.max_wait)
+            if not opened and self.due is not None:
+                # never earlier than the due time given to the flight's earlier triggers (I3):
+                # a lost or retried run that rejoined it brought an older first trigger
+                due = max(due, self.due)
+        if full:
+            self.due_fixed = True
+        if self.not_before is not None and due < self.not_before:
+            due = self.not_before  # a retry's backoff: later triggers join the retry
+        self.due = due
+        msg = None
+        if self.live() and not cfg.overlap:
+            pass  # the finishing run schedules the flight; the lease end is in the index
+        elif not self.taken or (self.taken_at is not None and self.taken_at > due):
+            # no message out, or the one out is for a later time (a collected flight that
+            # became full): the flight is scheduled anew
+            msg = self.schedule(due, now)
+        return "counted", msg
+
+    def take(self, now: int) -> tuple[Msg | None, bool]:
+        """Twin of take.lua and KeyModel.take: the entry is due."""
+        self.recover_lease(now)
+        msg, again = None, False
+        if self.pending and (not self.live() or self.cfg.overlap):
+            assert self.due is not None
+            if self.due <= now:
+                if self.taken:
+                    again = True  # the message out was not claimed within retake
+                else:
+                    self.next_seq(now)
+                self.taken = True
+                self.taken_at = now
+                msg = (self.seq, 0)
+        return msg, again
+
+    def release(self, seq: int) -> bool:
+        """Twin of release.lua and KeyModel.release."""
+        if not self.taken or self.seq != seq:
+            return False
+        self.taken = False
+        self.taken_at = None
+        return True
+
+    def fire(self, now: int, seq: int | None) -> tuple[str, Msg | None, dict[str, Any] | None]:
+        """Twin of fire.lua and KeyModel.fire. Returns ``(action, message, claim)``."""
+        cfg = self.cfg
+        self.recover_lease(now)
+        if seq is not None and (seq != self.seq or not self.taken):
+            return "drop", None, None
+        if self.pending == 0:
+            self.taken = False
+            self.taken_at = None
+            return "drop", None, None
+        assert self.due is not None
+        if now < self.due:
+            # early (the flight moved later after its message went out): back to the index,
+            # or out again at once when due within `direct`
+            return "rearm", self.schedule(self.due, now), None
+        if self.live() and not cfg.overlap:
+            # the finishing run schedules this flight; the live run's lease end is indexed
+            self.taken = False
+            self.taken_at = None
+            return "wait", None, None
+        self.run_id += 1
+        payload, rest = self.payload, None
+        if cfg.collect and isinstance(payload, list) and len(payload) > (cfg.collect_limit or 0):
+            assert cfg.collect_limit is not None
+            payload, rest = payload[: cfg.collect_limit], payload[cfg.collect_limit :]
+        claimed = self.pending - (len(rest) if rest else 0)
+        claim = {
+            "run_id": self.run_id,
+            "flight_id": self.flight_id,
+            "triggers": claimed,
+            "payload": copy.deepcopy(payload),
+            "first": self.first,
+            "last": self.last,
+            "due": self.due,
+            "attempt": self.attempt,
+        }
+        self.running_until = now + cfg.lease
+        self.run_seq = seq or 0
+        self.run_triggers = claimed
+        self.run_payload = copy.deepcopy(payload)
+        self.run_first = self.first
+        self.run_anchor = self.anchor
+        self.run_attempt = self.attempt
+        self.runs += 1
+        self.merged += claimed - 1
+        self.attempt = 0
+        self.not_before = None
+        self.taken = False
+        self.taken_at = None
+        self.last_run_at = now
+        follow = None
+        if rest:
+            assert cfg.collect_limit is not None
+            self.flight_id += 1
+            self.pending = len(rest)
+            self.payload = rest
+            self.due_fixed = len(rest) >= cfg.collect_limit
+            if self.due_fixed:
+                self.due = now
+            if cfg.overlap:
+                assert self.due is not None
+                follow = self.schedule(self.due, now)
+        else:
+            self.pending = 0
+            self.payload = None
+            self.first = None
+            self.anchor = None
+            self.due = None
+            self.due_fixed = False
+        return "claim", follow, claim
+
+    def finish(self, now: int, run_id: int, ok: bool, retry_in: int | None) -> Msg | None:
+        """Twin of finish.lua and KeyModel.finish."""
+        lost = self.recover_lease(now)
+        if not self.current(run_id):
+            # a late finisher after its lease ran out changes nothing; when it recovered the
+            # lost run itself, it schedules that flight
+            if lost and self.pending and not self.live() and not self.taken:
+                assert self.due is not None
+                return self.schedule(max(self.due, now), now)
+            return None
+        if not ok and retry_in is not None:
+            attempt = self.run_attempt + 1
+            self.unclaim(now)
+            self.attempt = attempt
+            self.not_before = now + retry_in
+            self.due = max(self.due if self.due is not None else now, self.not_before)
+            self.due_fixed = False
+        else:
+            self.end_run()
+        msg = None
+        if self.pending:
+            assert self.due is not None
+            at = max(self.due, now)
+            if not self.taken or (self.taken_at is not None and self.taken_at > at):
+                msg = self.schedule(at, now)
+        return msg
+
+    def heartbeat(self, now: int, run_id: int, lease: int) -> bool:
+        """Twin of heartbeat.lua and KeyModel.heartbeat (a lease that ran out is not)."""
+        if not self.current(run_id):
+            return False
+        assert self.running_until is not None
+        if self.running_until <= now:
+            return False
+        self.running_until = now + lease
+        return True
+
+    def extend(self, now: int, seq: int, lease: int) -> int | None:
+        """Twin of extend.lua and KeyModel.extend."""
+        if self.running_until is None or self.run_seq != seq or not seq:
+            return None
+        if self.running_until <= now:
+            return None
+        self.running_until = now + lease
+        return self.running_until
+
+    def flush(self, now: int) -> tuple[bool, Msg | None]:
+        """Twin of flush.lua and KeyModel.flush. Returns ``(changed, message)``."""
+        if self.pending == 0:
+            return False, None
+        self.due = now
+        self.not_before = None
+        msg = None
+        if self.live() and not self.cfg.overlap:
+            self.taken = False
+            self.taken_at = None
+        else:
+            msg = self.schedule(now, now)
+        return True, msg
+
+    def cancel(self, now: int) -> int:
+        """Twin of cancel.lua and KeyModel.cancel (lodash's cancel(): the next trigger starts
+        a new burst)."""
+        self.last = None
+        dropped = self.pending
+        if dropped:
+            self.cancelled += dropped
+            self.pending = 0
+            self.payload = None
+            self.first = self.anchor = self.due = None
+            self.due_fixed = False
+            self.attempt = 0
+            self.not_before = None
+            self.next_seq(now)  # any message out is now stale
+            self.taken = False
+            self.taken_at = None
+        return dropped
 
 
-def _us(value: datetime) -> int:
-    return int(round(value.timestamp() * 1_000_000))
+def registered_options() -> dict[str, FlightOptions]:
+    """Task name -> options of every debounced task registered in this process."""
+    from django_debounce.tasks import registered_debounced_tasks
+
+    return {task.name: task.flight_options() for task in registered_debounced_tasks()}
 
 
-def _seq_base() -> int:
-    """First dispatch sequence of a new row: microseconds since the epoch.
-
-    A key purged and created again starts above every sequence its earlier row issued, so a
-    late message of the old row can never match the new one (I5).
-    """
-    return int(time.time() * 1_000_000)
+def _json_value(value: Any) -> Any:
+    """A payload as the task body gets it (collected items are already values)."""
+    return json.loads(value) if isinstance(value, str) else value
 
 
-def _grace() -> float:
-    from django_debounce import conf
+class DatabaseBackend(BaseBackend):
+    """Row-lock store on PostgreSQL or SQLite."""
 
-    return conf.seconds_of("DISPATCH_GRACE")
+    name = "database"
+    store = "d"
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    @property
+    def alias(self) -> str:
+        return router.db_for_write(DebounceKey)
+
+    def _sql(self, conn: Any) -> Sql:
+        """Statement texts of ``conn``'s vendor (kept per alias)."""
+        cache = self.__dict__.setdefault("_sql_cache", {})
+        sql = cache.get(conn.alias)
+        if sql is None:
+            if conn.vendor not in ("postgresql", "sqlite"):
+                raise ImproperlyConfigured(
+                    f"The database store runs on PostgreSQL or SQLite; the database "
+                    f"{conn.alias!r} is {conn.vendor}. Use DEBOUNCE_BACKEND='redis', or route "
+                    "django_debounce's tables to a PostgreSQL or SQLite database."
+                )
+            sql = cache[conn.alias] = Sql(conn.vendor, conn.ops.adapt_datetimefield_value)
+        return sql
+
+    def _limits(self) -> tuple[int, int]:
+        """Retake (DEBOUNCE_DISPATCH_GRACE) and direct (DEBOUNCE_PUMP_INTERVAL) windows in
+        microseconds, read once per instance (rebuilt when a ``DEBOUNCE_`` setting changes)."""
+        limits = self.__dict__.get("_limits_cache")
+        if limits is None:
+            limits = self.__dict__["_limits_cache"] = (
+                int(round(conf.seconds_of("DISPATCH_GRACE") * US)),
+                int(round(conf.seconds_of("PUMP_INTERVAL") * US)),
+            )
+        return limits
+
+    def _begin(self, conn: Any, sql: Sql, cursor: Any) -> None:
+        """SQLite with deferred transactions: take the write lock with the first statement."""
+        if not sql.pg and getattr(conn, "transaction_mode", None) not in ("IMMEDIATE", "EXCLUSIVE"):
+            cursor.execute(sql.write_lock)
+
+    def _load(
+        self,
+        cursor: Any,
+        sql: Sql,
+        key_hash: str,
+        options: FlightOptions | None,
+        now: Any,
+        create: tuple[str, str] | None = None,
+    ) -> tuple[_Key | None, int]:
+        """Lock and read the row of ``key_hash`` (made first when ``create``, ``(key,
+        task_name)``, is given and there is none); returns it and now in microseconds.
+        ``options=None``: a step that needs none of them but the row's ``overlap``."""
+        retake, direct = self._limits()
+        if create is not None and not sql.pg:
+            # SQLite: the insert is the first statement (takes the write lock at once)
+            clock = to_us(now) if now is not None else time.time_ns() // 1000
+            assert clock is not None
+            cursor.execute(sql.insert_key, sql.new_key(create[0], key_hash, create[1], clock))
+        cursor.execute(sql.select_key, [key_hash])
+        row = cursor.fetchone()
+        if row is None and create is not None:
+            clock = to_us(now) if now is not None else None
+            if clock is None:
+                clock = to_us(self._clock(cursor, sql))
+            assert clock is not None
+            cursor.execute(sql.insert_key, sql.new_key(create[0], key_hash, create[1], clock))
+            cursor.execute(sql.select_key, [key_hash])
+            row = cursor.fetchone()
+        if now is not None:
+            at = to_us(now)
+        elif sql.pg and row is not None:
+            at = to_us(row[0])
+        else:
+            at = time.time_ns() // 1000
+        assert at is not None
+        if row is None:
+            return None, at
+        return _Key(row[1:], _cfg(options) if options is not None else None, retake, direct), at
+
+    def _clock(self, cursor: Any, sql: Sql) -> Any:
+        if sql.pg:
+            cursor.execute("SELECT clock_timestamp()")
+            return cursor.fetchone()[0]
+        return to_dt(time.time_ns() // 1000)
+
+    def _now_us(self, cursor: Any, sql: Sql, now: Any) -> int:
+        at = to_us(now) if now is not None else to_us(self._clock(cursor, sql))
+        assert at is not None
+        return at
+
+    def _collect(self, w: Writes, sql: Sql, k: _Key, now: int, *, reindex: bool = True) -> None:
+        """Add the writes of ``k``'s step to ``w``: its changed columns, its index entry
+        (``KeyModel._reindex``), and the runs it lost."""
+        cols, values = k.changes()
+        if cols:
+            kinds = KINDS
+            params = [
+                sql.time(v) if kinds[c] == TIME else v for c, v in zip(cols, values, strict=True)
+            ]
+            w.keys.append((k.pk, (*cols, "updated_at"), [*params, sql.time(now)]))
+        if reindex:
+            entry = k.attention()
+            if entry is None:
+                w.unindex.append(k.key_hash)
+            else:
+                w.index.append((k.key_hash, k.task_name, sql.time(entry)))
+        for run_id in k.events:
+            w.runs_end.append((k.pk, run_id, LOST, sql.time(now), "lease ran out"))
+        k.events = []
+
+    def _dispatch(self, key_hash: str, msg: Msg | None, task_name: str) -> Dispatch | None:
+        if msg is None:
+            return None
+        return Dispatch(key_hash, msg[0], msg[1] / US, self.store, task_name)
+
+    # -- triggers ---------------------------------------------------------------------------
+
+    def trigger(self, *, task_name, key, key_hash, payload_json, options, now=None):
+        conn = connections[self.alias]
+        sql = self._sql(conn)
+        cfg = _cfg(options)
+        if sql.pg and not cfg.collect:
+            # the hot path: a plain merge is one statement (see Sql.merge)
+            head = [payload_json, cfg.wait, cfg.max_wait]
+            with conn.cursor() as cursor:
+                if now is not None:
+                    cursor.execute(sql.merge(True), [*head, now, key_hash])
+                else:
+                    cursor.execute(sql.merge(False), [*head, key_hash])
+                merged = cursor.fetchone()
+            if merged is not None:
+                flight_id, pending, due_at = merged
+                return TriggerResult(key, flight_id, pending, due_at, False), None
+        with transaction.atomic(using=conn.alias), conn.cursor() as cursor:
+            k, at = self._load(cursor, sql, key_hash, options, now, create=(key, task_name))
+            assert k is not None
+            if k.store != "database":
+                k.adopt()
+            how, msg = k.trigger(at, payload_json)
+            w = Writes()
+            self._collect(w, sql, k, at, reindex=how != "merged")
+            sql.run(cursor, w)
+        if how == "dropped":
+            return TriggerResult(key, k.flight_id, 0, None, False, dropped=True), None
+        dispatch = self._dispatch(key_hash, msg, task_name)
+        result = TriggerResult(key, k.flight_id, k.pending, to_dt(k.due), dispatch is not None)
+        return result, dispatch
+
+    # -- the pump ---------------------------------------------------------------------------
+
+    def _names(self, task_names: Sequence[str] | None) -> list[str]:
+        return sorted(task_names) if task_names is not None else sorted(registered_options())
+
+    def peek(self, task_names, *, now=None):
+        names = self._names(task_names)
+        if not names:
+            return None
+        conn = connections[self.alias]
+        sql = self._sql(conn)
+        with conn.cursor() as cursor:
+            cursor.execute(sql.first_entry(len(names)), [names] if sql.pg else names)
+            first, clock = cursor.fetchone()
+        if first is None:
+            return None
+        at = to_us(now) if now is not None else (to_us(clock) if sql.pg else None)
+        if at is None:
+            at = time.time_ns() // 1000
+        return (to_us(first) - at) / US  # type: ignore[operator]
+
+    def take(self, tasks, limit, *, now=None):
+        tasks = dict(tasks) if tasks is not None else registered_options()
+        names = sorted(tasks)
+        if not names or limit <= 0:
+            return Taken(next_in=self.peek(names, now=now) if names else None)
+        conn = connections[self.alias]
+        sql = self._sql(conn)
+        retake, direct = self._limits()
+        dispatches: list[Dispatch] = []
+        again = 0
+        with transaction.atomic(using=conn.alias), conn.cursor() as cursor:
+            self._begin(conn, sql, cursor)
+            at = self._now_us(cursor, sql, now)
+            when = sql.time(at)
+            if sql.pg:
+                cursor.execute(sql.take(len(names)), [names, when, limit, limit])
+            else:
+                cursor.execute(sql.take(len(names)), [*names, when, limit])
+            rows = cursor.fetchall()
+            if not rows:
+                before = sql.time(at - US)
+                cursor.execute(
+                    sql.orphans(len(names)), [names, before] if sql.pg else [*names, before]
+                )
+            w = Writes()
+            batch: list[str] = []
+            entries: list[int] = []
+            for row in rows:
+                task = row[0]
+                k = _Key(row[2:], _cfg(tasks[task]), retake, direct)
+                batch.append(k.key_hash)
+                if k.store != "database":
+                    w.unindex.append(k.key_hash)  # the key went back to Redis
+                    continue
+                msg, retaken = k.take(at)
+                again += retaken
+                self._collect(w, sql, k, at)
+                entry = k.attention()
+                if entry is not None:
+                    entries.append(entry)
+                if msg is not None:
+                    dispatch = self._dispatch(k.key_hash, msg, task)
+                    assert dispatch is not None
+                    dispatches.append(dispatch)
+            # the earliest entry left: this batch's new ones, and the others (PostgreSQL
+            # reads them in the snapshot before the batch's writes, so the batch is left out)
+            if sql.pg:
+                final = sql.first_entry(len(names), excluding=True), [names, batch]
+            else:
+                final = sql.first_entry(len(names)), names
+            first = sql.run(cursor, w, final)
+        left = to_us(first[0]) if first is not None else None
+        if sql.pg and left is not None and entries:
+            left = min(left, min(entries))
+        elif sql.pg and entries:
+            left = min(entries)
+        next_in = None if left is None else (left - at) / US
+        return Taken(dispatches, again, next_in)
+
+    def release(self, dispatches, *, now=None):
+        conn = connections[self.alias]
+        sql = self._sql(conn)
+        by_key = sorted(dispatches, key=lambda d: d.key_hash)  # one lock order
+        with transaction.atomic(using=conn.alias), conn.cursor() as cursor:
+            self._begin(conn, sql, cursor)
+            w = Writes()
+            for dispatch in by_key:
+                k, at = self._load(cursor, sql, dispatch.key_hash, None, now)
+                if k is None or k.store != "database":
+                    continue
+                if k.release(dispatch.seq):
+                    self._collect(w, sql, k, at)
+            sql.run(cursor, w)
+
+    # -- the worker -------------------------------------------------------------------------
+
+    def fire(self, key_hash, seq, *, task_name, options, now=None, store=None):
+        conn = connections[self.alias]
+        sql = self._sql(conn)
+        with transaction.atomic(using=conn.alias), conn.cursor() as cursor:
+            self._begin(conn, sql, cursor)
+            k, at = self._load(cursor, sql, key_hash, options, now)
+            if k is None:
+                return FireDecision(FireAction.MISSING)
+            if k.store != "database" and seq is not None:
+                return FireDecision(FireAction.DROP)  # a message of the Redis store's flight
+            action, msg, claim = k.fire(at, seq)
+            w = Writes()
+            self._collect(w, sql, k, at)
+            if claim is not None:
+                last = claim["last"] if claim["last"] is not None else at
+                first = claim["first"] if claim["first"] is not None else last
+                due = claim["due"] if claim["due"] is not None else at
+                w.runs_new.append(
+                    [
+                        k.pk,
+                        k.task_name,
+                        "database",
+                        claim["flight_id"],
+                        claim["run_id"],
+                        claim["attempt"],
+                        claim["triggers"],
+                        sql.time(first),
+                        sql.time(last),
+                        sql.time(due),
+                        sql.time(at),
+                        max(at - last, 0) / US,
+                        RUNNING,
+                        "",
+                    ]
+                )
+            sql.run(cursor, w)
+        dispatch = self._dispatch(key_hash, msg, task_name)
+        if claim is None:
+            return FireDecision(FireAction(action), dispatch=dispatch)
+        payload = claim["payload"] if k.cfg.collect else _json_value(claim["payload"])
+        return FireDecision(
+            FireAction.CLAIM,
+            dispatch=dispatch,
+            claim=Claim(
+                key_hash=key_hash,
+                key=k.key,
+                task_name=k.task_name,
+                run_id=claim["run_id"],
+                flight_id=claim["flight_id"],
+                triggers=claim["triggers"],
+                payload=payload,
+                first_trigger_at=to_dt(first),  # type: ignore[arg-type]
+                last_trigger_at=to_dt(last),  # type: ignore[arg-type]
+                due_at=to_dt(due),  # type: ignore[arg-type]
+                started_at=to_dt(at),  # type: ignore[arg-type]
+                store=self.store,
+                attempt=claim["attempt"],
+            ),
+        )
+
+    def finish(self, key_hash, run_id, end, *, task_name, options, now=None, store=None):
+        if end.ok:
+            outcome = SUCCESS
+        elif end.retry_in is not None:
+            outcome = RETRY
+        else:
+            outcome = FAILURE
+        retry = None if end.ok or end.retry_in is None else int(round(max(end.retry_in, 0) * US))
+        conn = connections[self.alias]
+        sql = self._sql(conn)
+        with transaction.atomic(using=conn.alias), conn.cursor() as cursor:
+            self._begin(conn, sql, cursor)
+            k, at = self._load(cursor, sql, key_hash, options, now)
+            if k is None or k.store != "database":
+                return None
+            applies = k.current(run_id) and k.running_until > at  # type: ignore[operator]
+            msg = k.finish(at, run_id, end.ok, retry)
+            if applies:
+                k.last_outcome = outcome
+            w = Writes()
+            if run_id not in k.events:
+                # the run's record gets its outcome (a run an overlapping claim superseded
+                # too: its record is still marked running); a lost run's says so already
+                w.runs_end.append((k.pk, run_id, outcome, sql.time(at), end.error))
+            self._collect(w, sql, k, at)
+            sql.run(cursor, w)
+        return self._dispatch(key_hash, msg, task_name)
+
+    def heartbeat(self, key_hash, run_id, lease, *, task_name, options, now=None, store=None):
+        conn = connections[self.alias]
+        sql = self._sql(conn)
+        with transaction.atomic(using=conn.alias), conn.cursor() as cursor:
+            self._begin(conn, sql, cursor)
+            k, at = self._load(cursor, sql, key_hash, options, now)
+            if k is None or k.store != "database":
+                return False
+            if not k.heartbeat(at, run_id, int(round(lease * US))):
+                return False
+            w = Writes()
+            self._collect(w, sql, k, at)
+            sql.run(cursor, w)
+        return True
+
+    def extend(self, runs, *, now=None):
+        if not runs:
+            return []
+        conn = connections[self.alias]
+        sql = self._sql(conn)
+        retake, _direct = self._limits()
+        order = sorted(range(len(runs)), key=lambda i: (runs[i].key_hash, runs[i].seq))
+        if sql.pg:
+            params: list[Any] = [
+                [runs[i].key_hash for i in order],
+                [runs[i].seq for i in order],
+                [int(round(runs[i].lease * US)) for i in order],
+                [runs[i].options.overlap for i in order],
+                retake,
+            ]
+            with conn.cursor() as cursor:
+                if now is not None:
+                    cursor.execute(sql.extend(True), [now, *params])
+                else:
+                    cursor.execute(sql.extend(False), params)
+                got = {(h, seq): (until, clock) for h, seq, until, clock in cursor.fetchall()}
+            out: list[float | None] = []
+            for run in runs:
+                hit = got.get((run.key_hash, run.seq))
+                out.append(None if hit is None else (to_us(hit[0]) - to_us(hit[1])) / US)  # type: ignore[operator]
+            return out
+        results: dict[int, float | None] = {}
+        with transaction.atomic(using=conn.alias), conn.cursor() as cursor:
+            self._begin(conn, sql, cursor)
+            w = Writes()
+            for i in order:
+                run: LiveRun = runs[i]
+                k, at = self._load(cursor, sql, run.key_hash, run.options, now)
+                results[i] = None
+                if k is None or k.store != "database":
+                    continue
+                until = k.extend(at, run.seq, int(round(run.lease * US)))
+                if until is None:
+                    continue
+                results[i] = (until - at) / US
+                self._collect(w, sql, k, at)
+                # a later run of the same key in this batch reads the row as written
+                sql.run(cursor, w)
+                w = Writes()
+        return [results[i] for i in range(len(runs))]
+
+    # -- operators --------------------------------------------------------------------------
+
+    def flush(self, key_hash, *, task_name, options, now=None):
+        conn = connections[self.alias]
+        sql = self._sql(conn)
+        with transaction.atomic(using=conn.alias), conn.cursor() as cursor:
+            self._begin(conn, sql, cursor)
+            k, at = self._load(cursor, sql, key_hash, options, now)
+            if k is None or k.store != "database":
+                return None
+            changed, msg = k.flush(at)
+            if not changed:
+                return None
+            w = Writes()
+            self._collect(w, sql, k, at)
+            sql.run(cursor, w)
+        return self._dispatch(key_hash, msg, task_name)
+
+    def cancel(self, key_hash, *, task_name, options, now=None):
+        conn = connections[self.alias]
+        sql = self._sql(conn)
+        with transaction.atomic(using=conn.alias), conn.cursor() as cursor:
+            self._begin(conn, sql, cursor)
+            k, at = self._load(cursor, sql, key_hash, options, now)
+            if k is None or k.store != "database":
+                return 0
+            dropped = k.cancel(at)
+            w = Writes()
+            self._collect(w, sql, k, at)
+            sql.run(cursor, w)
+        return dropped
+
+    def due_keys(self, now=None, task_names=None):
+        conn = connections[self.alias]
+        sql = self._sql(conn)
+        text = (
+            f"SELECT task_name, key_hash FROM {q(KEY)} WHERE store = 'database'"
+            " AND pending > 0 AND due_at <= %s"
+        )
+        with conn.cursor() as cursor:
+            params: list[Any] = [sql.time(self._now_us(cursor, sql, now))]
+            if task_names is not None:
+                names = list(task_names)
+                if not names:
+                    return []
+                if sql.pg:
+                    text += " AND task_name = ANY(%s)"
+                    params.append(names)
+                else:
+                    text += f" AND task_name IN ({sql.names(len(names))})"
+                    params += names
+            cursor.execute(text + " ORDER BY due_at", params)
+            return [(t, h) for t, h in cursor.fetchall()]
+
+    # -- reading ----------------------------------------------------------------------------
+
+    def _held(self, key_hashes: Sequence[str]) -> Any:
+        return DebounceKey.objects.using(self.alias).filter(
+            key_hash__in=list(key_hashes), store="database"
+        )
+
+    def live_state(self, key_hash):
+        row = (
+            self._held([key_hash])
+            .values_list(
+                "pending",
+                "flight_id",
+                "triggers",
+                "runs",
+                "merged",
+                "cancelled",
+                "state",
+                "scheduled_seq",
+            )
+            .first()
+        )
+        if row is None:
+            return None
+        names = ("pending", "flight_id", "triggers", "runs", "merged", "cancelled", "state")
+        out: dict[str, Any] = dict(zip(names, row[:7], strict=True))
+        out["seq"] = row[7]
+        out["store_code"] = self.store
+        return out
+
+    def live_rows(self, key_hashes):
+        if not key_hashes:
+            return {}
+        fields = (
+            "state",
+            "pending",
+            "flight_id",
+            "first_trigger_at",
+            "last_trigger_at",
+            "due_at",
+            "running_until",
+            "triggers",
+            "runs",
+            "merged",
+            "cancelled",
+            "last_run_at",
+            "last_outcome",
+        )
+        return {
+            row["key_hash"]: {f: row[f] for f in fields}
+            for row in self._held(key_hashes).values("key_hash", *fields)
+        }
+
+    def pending_counts(self, key_hashes):
+        if not key_hashes:
+            return {}
+        return dict(self._held(key_hashes).values_list("key_hash", "pending"))
+
+    def index_stats(self, task_names=None):
+        conn = connections[self.alias]
+        sql = self._sql(conn)
+        with conn.cursor() as cursor:
+            at = self._now_us(cursor, sql, None)
+            text = (
+                f"SELECT task_name, COUNT(*), SUM(CASE WHEN due_at <= %s THEN 1 ELSE 0 END),"
+                f" MIN(due_at) FROM {q(DebounceDue._meta.db_table)}"
+            )
+            params: list[Any] = [sql.time(at)]
+            if task_names is not None:
+                names = list(task_names)
+                if not names:
+                    return {}
+                text += f" WHERE task_name IN ({sql.names(len(names))})"
+                params += names
+            cursor.execute(text + " GROUP BY task_name", params)
+            rows = cursor.fetchall()
+        out = {name: IndexStats(depth=0, due=0, oldest_due_age=0.0) for name in (task_names or [])}
+        for name, depth, due, first in rows:
+            first_us = to_us(first)
+            age = max(at - first_us, 0) / US if first_us is not None and first_us <= at else 0.0
+            out[name] = IndexStats(depth=int(depth), due=int(due or 0), oldest_due_age=age)
+        return out
