@@ -1,7 +1,8 @@
 """Release 0.1 -> 0.2: every live key enters the new due index, so the pump finds it.
 
-- Keys the database store holds (pending or running) get their ``DebounceDue`` entry (at
-  their due time, or their live run's lease end).
+- Keys the database store holds (pending or running) get their ``DebounceDue`` entry, at the
+  migration's time: an entry may be earlier than the key needs (never later), and the pump's
+  first take moves it to the time the key needs.
 - Keys held in Redis (pending or running) get a recheck of their durable record now: the
   pump compares it with Redis, adopts a flight the previous release keeps in its own layout,
   and rebuilds one whose Redis state is gone.
@@ -28,12 +29,10 @@ def forwards(apps, schema_editor):
         if not pks:
             break
         DebounceKey.objects.using(db).filter(pk__in=pks).update(recheck_at=now)
-    rows = live.filter(store="database").values_list(
-        "key_hash", "task_name", "running_until", "due_at"
-    )
+    rows = live.filter(store="database").values_list("key_hash", "task_name")
     entries = [
-        DebounceDue(key_hash=h, task_name=t, due_at=running_until or due_at or now)
-        for h, t, running_until, due_at in rows.iterator(chunk_size=BATCH)
+        DebounceDue(key_hash=h, task_name=t, due_at=now)
+        for h, t in rows.iterator(chunk_size=BATCH)
     ]
     for start in range(0, len(entries), BATCH):
         DebounceDue.objects.using(db).bulk_create(
