@@ -24,7 +24,7 @@ def publish(task: Task, dispatch: Dispatch) -> None:
     """Publish one dispatch message for ``task``: ``countdown`` seconds from now, fenced by ``seq``.
 
     Under ``task_always_eager`` nothing is published: the flight stays pending until
-    ``django_debounce.testing.run_due()`` or a flush (DESIGN.md, testing).
+    ``django_debounce.testing.run_due()`` or a flush (docs/design.md, "Messages").
     Raises ``PublishError`` when the broker refuses the message.
     """
     if is_eager(task):

@@ -92,7 +92,7 @@ class DebounceRunQuerySet(models.QuerySet):
 
 
 class DebounceKey(models.Model):
-    """One row per key: the state machine of DESIGN.md section 4 for that key."""
+    """One row per key: the state machine of docs/design.md ("State machine") for that key."""
 
     class State(models.TextChoices):
         IDLE = "idle", _("idle")

@@ -1,7 +1,7 @@
-"""Recovery (DESIGN.md section 4, step 5) run outside a trigger: by ``debounce_purge``, when a
-Celery worker starts (a worker that starts after a crash or a broker restart picks up flights
-whose dispatch message was lost), and every ``DEBOUNCE_RECOVERY_INTERVAL`` seconds in each
-worker, so a lost message or a lost run is redone even when no trigger of its key comes."""
+"""Recovery (docs/design.md, "State machine": recover) run outside a trigger: by ``debounce_purge``,
+when a Celery worker starts (a worker that starts after a crash or a broker restart picks up flights
+whose dispatch message was lost), and every ``DEBOUNCE_RECOVERY_INTERVAL`` seconds in each worker,
+so a lost message or a lost run is redone even when no trigger of its key comes."""
 
 from __future__ import annotations
 

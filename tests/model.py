@@ -1,5 +1,5 @@
-"""A pure reference model of one key's state machine (DESIGN.md section 4), for the property
-tests in ``test_properties.py``.
+"""A pure reference model of one key's state machine (docs/design.md, "State machine"), for
+the property tests in ``test_properties.py``.
 
 No I/O and no clock of its own: every operation takes ``now`` in integer microseconds (the
 fake clock of the test), and every duration is in microseconds too, so comparisons with the

@@ -12,8 +12,8 @@ messages, flush, cancel, recover, and operations at exactly a lease's end.
 After every operation the store's answers are compared with the model's (``TriggerResult``,
 ``Dispatch`` kind/seq/countdown, ``FireDecision`` action, every ``Claim`` field), the store's
 state (``live_state()``, ``due_keys()`` and the stored fields, read straight from the row or
-the Redis hash) with the model's, and invariants I1-I8 of DESIGN.md section 4 are checked on
-a ledger of every trigger, built from the store's answers. At the end of each example
+the Redis hash) with the model's, and invariants I1-I8 of docs/design.md ("Invariants") are
+checked on a ledger of every trigger, built from the store's answers. At the end of each example
 everything left is run to completion (messages delivered on time, runs finished, recovery
 after leases), and every trigger must have been covered.
 

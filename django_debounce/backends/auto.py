@@ -1,8 +1,9 @@
 """The default store: Redis when the configured cache alias is django-redis and answers,
 the database otherwise; a Redis failure during a trigger falls back to the database.
 
-Guarantee while Redis is failing (see README, "Redis outages"): every trigger is accepted and
-covered by a run (at least once, never lost). While both stores hold a flight for one key,
+Guarantee while Redis is failing (docs/operations.md, "Redis outages and failover";
+docs/design.md, "Failover of the auto store"): every trigger is accepted and covered by a run
+(at least once, never lost). While both stores hold a flight for one key,
 a run from each may overlap.
 """
 

@@ -1,4 +1,5 @@
-"""The backend contract: the operations of the per-key state machine (DESIGN.md section 4).
+"""The backend contract: the operations of the per-key state machine (docs/design.md,
+"State machine").
 
 Each store implements these names with identical semantics; the flow layer (``tasks.py``)
 asks a store what to do and does it, it never re-decides.
@@ -13,7 +14,7 @@ from django_debounce.state import Dispatch, FireDecision, TriggerResult
 
 
 class BaseBackend:
-    """Operations of DESIGN.md section 4. Every method is atomic in its store.
+    """Operations of docs/design.md, "State machine". Every method is atomic in its store.
 
     Times are the store's clock; ``now`` arguments exist for ``run_due`` and the property
     tests, and replace that clock for one call (``None``: the store's own clock).

@@ -1,4 +1,5 @@
-"""``manage.py demo --modes``: every mode of the README's table, probed with real saves.
+"""``manage.py demo --modes``: every mode of the mode table (docs/guide/modes.md),
+probed with real saves.
 
 For each mode three probes run against the real worker, each on fresh rows:
 
@@ -7,7 +8,7 @@ For each mode three probes run against the real worker, each on fresh rows:
 - during: one save whose run lasts 1 s, then a second save 0.2 s into that run
 
 Each probe is summarised (runs, triggers per run, when the runs started) and checked against
-what the README's table says; the command exits non-zero when a check fails.
+what the mode table says; the command exits non-zero when a check fails.
 """
 
 from __future__ import annotations
@@ -132,7 +133,7 @@ def run_probe(mode: str, name: str, settle_timeout: float) -> Probe:
 
 
 def check(p: Probe) -> list[str]:
-    """What the README's table says of this mode and probe; returns what does not hold."""
+    """What the mode table says of this mode and probe; returns what does not hold."""
     out: list[str] = []
     runs, saves, n = p.runs, p.saves, len(p.saves)
     if not runs:
