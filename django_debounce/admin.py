@@ -115,6 +115,7 @@ class DebounceKeyAdmin(ReadOnlyAdmin):
                     "first_trigger_at",
                     "last_trigger_at",
                     "due_at",
+                    "anchor_at",
                     "attempt",
                     "not_before",
                     "payload",

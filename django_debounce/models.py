@@ -136,8 +136,17 @@ class DebounceKey(models.Model):
         _("due at"),
         null=True,
         blank=True,
+        help_text=_("When the open flight may run: min(last trigger + wait, anchor + max_wait)."),
+    )
+    anchor_at = models.DateTimeField(
+        _("max_wait anchor"),
+        null=True,
+        blank=True,
         help_text=_(
-            "When the open flight may run: min(last trigger + wait, first trigger + max_wait)."
+            "What the open flight's max_wait counts from, as lodash's maxWait: the last run's "
+            "start when the trigger that opened the flight continued the stream (within wait "
+            "of the key's last trigger and within max_wait of that start), else the flight's "
+            "first trigger."
         ),
     )
     payload = models.JSONField(

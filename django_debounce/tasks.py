@@ -339,7 +339,12 @@ class DebouncedTask(Task):
         return True
 
     def cancel(self, *args: Any, **kwargs: Any) -> int:
-        """Drop the pending flight for these arguments; returns how many triggers were dropped."""
+        """Drop the pending flight for these arguments; returns how many triggers were dropped.
+
+        A flight that no worker has claimed is dropped, a leading one included. Whatever was
+        pending, the key's edge resets (as lodash's ``cancel()``): its next trigger of a
+        ``leading=True`` task leads at once (when a live run ends, if one is live).
+        """
         return self.get_backend().cancel(key_hash(self.name, self._key_of(args, kwargs)))
 
     def _key_of(self, args: tuple, kwargs: dict) -> str:

@@ -34,7 +34,18 @@ Where the brief's wording broke an invariant, or left a point open, the model se
   merged meanwhile, its item goes only if the flight still holds one item per pending trigger
   (otherwise a merged trigger may have sent it again, and it stays: a run too many rather
   than a trigger lost, I1);
-- ``cancel`` clears the key's last trigger time, as lodash's ``cancel()`` does (both stores).
+- ``cancel`` clears the key's last trigger time, as lodash's ``cancel()`` does (both stores),
+  whatever the flight's state: also when nothing is pending (it returns 0) and while a run is
+  live, so the next trigger of a ``leading=True`` task leads at once (issue 15).
+
+``max_wait`` is measured as lodash measures ``maxWait`` (issue 15): a flight's ``anchor`` is
+the last run's claim (``last_run_at``, lodash's ``lastInvokeTime``) when the trigger that opens
+the flight continues the stream (the key's last trigger less than ``wait`` ago and, with
+``max_wait``, the last claim less than ``max_wait`` ago: lodash's ``shouldInvoke`` is false),
+else the flight's first trigger (lodash's ``leadingEdge``). ``due = min(last + wait, anchor +
+max_wait)``, never earlier than the due time the flight already has (I3). A lost or retried
+run whose triggers rejoin the flight brings their first trigger time as anchor, and the
+earlier one is kept (as ``first``); so the anchor is never later than ``first``.
 """
 
 from __future__ import annotations
@@ -144,6 +155,7 @@ class KeyModel:
     attempt: int = 0
     not_before: int | None = None
     due_fixed: bool = False
+    anchor: int | None = None
     last_run_at: int | None = None
     triggers: int = 0
     runs: int = 0
@@ -184,6 +196,7 @@ class KeyModel:
         if self.pending == 0:
             self.flight_id += 1
             self.first = self.run_first
+            self.anchor = self.run_first
             self.last = self.last if self.last is not None else self.run_first
             self.payload = copy.deepcopy(self.run_payload)
             self.due = now
@@ -191,6 +204,8 @@ class KeyModel:
         else:
             assert self.first is not None and self.run_first is not None
             self.first = min(self.first, self.run_first)
+            assert self.anchor is not None
+            self.anchor = min(self.anchor, self.run_first)
             if self.cfg.collect:
                 self.payload = union(self.run_payload or [], self.payload or [])
         self.pending += claimed
@@ -206,15 +221,21 @@ class KeyModel:
         self.attempt = max(self.attempt, attempt + 1)  # a lost run counts as an attempt
         self.events.append(lost)
 
-    def _edge(self, now: int) -> str:
+    def _continues(self, now: int) -> bool:
+        """Whether a trigger at ``now`` that opens a flight continues the key's stream of
+        triggers: lodash's ``shouldInvoke`` is false (the last trigger less than ``wait`` ago
+        and, with ``max_wait``, the last run claimed less than ``max_wait`` ago)."""
         cfg = self.cfg
-        if cfg.leading:
-            if self.last is None or now - self.last >= cfg.wait:
-                return "leading"
-            if cfg.max_wait is not None and (
-                self.last_run_at is None or now - self.last_run_at >= cfg.max_wait
-            ):
-                return "leading"
+        if self.last is None or now - self.last >= cfg.wait:
+            return False
+        if cfg.max_wait is None:
+            return True
+        return self.last_run_at is not None and now - self.last_run_at < cfg.max_wait
+
+    def _edge(self, continues: bool) -> str:
+        cfg = self.cfg
+        if cfg.leading and not continues:
+            return "leading"
         return "trailing" if cfg.trailing else "drop"
 
     # -- operations -----------------------------------------------------------------------
@@ -235,7 +256,8 @@ class KeyModel:
             "item": payload,
         }
         if self.pending == 0:
-            edge = self._edge(now)
+            continues = self._continues(now)
+            edge = self._edge(continues)
             if edge == "drop":
                 self.triggers += 1
                 self.cancelled += 1
@@ -243,6 +265,9 @@ class KeyModel:
                 return TriggerOut(self.flight_id, 0, None, False), None, undo
             self.flight_id += 1
             self.first = now
+            # the max_wait anchor: the last claim while the stream goes on (lodash's
+            # lastInvokeTime), else this trigger (lodash's leadingEdge resets it)
+            self.anchor = self.last_run_at if continues and cfg.max_wait is not None else now
             self.payload = [] if cfg.collect else None
             self.due_fixed = edge == "leading"
             self.attempt = 0
@@ -267,13 +292,13 @@ class KeyModel:
         elif self.due_fixed or full:
             due = now
         else:
-            assert self.first is not None
+            assert self.anchor is not None
             due = now + cfg.wait
             if cfg.max_wait is not None:
-                due = min(due, self.first + cfg.max_wait)
+                due = min(due, self.anchor + cfg.max_wait)
             if not undo["opened"] and self.due is not None:
                 # never earlier than the due time given to the flight's earlier triggers (I3):
-                # a lost or retried run that rejoined it brought an older first trigger
+                # a lost or retried run that rejoined it brought an older anchor
                 due = max(due, self.due)
         if full:
             self.due_fixed = True
@@ -314,7 +339,7 @@ class KeyModel:
             # included (the next trigger's edge depends on it)
             if undo["opened"]:
                 self.flight_id -= 1
-            self.first = self.due = None
+            self.first = self.anchor = self.due = None
             self.payload = None
             self.due_fixed = False
             self.last = undo["last"]
@@ -400,7 +425,7 @@ class KeyModel:
         else:
             self.pending = 0
             self.payload = None
-            self.first = None
+            self.first = self.anchor = None
             self.due = None
             self.due_fixed = False
         return FireOut("claim", dispatch=follow, claim=claim)
@@ -467,13 +492,19 @@ class KeyModel:
         return self._schedule(now, now)
 
     def cancel(self, now: int) -> int:
-        if not self.exists or self.pending == 0:
+        if not self.exists:
+            return 0
+        # the edge resets whatever the flight's state (lodash's cancel() clears lastCallTime):
+        # the next trigger of a leading task leads at once, also after a cancel that dropped
+        # nothing or while a run is live
+        self.last = None
+        if self.pending == 0:
             return 0
         dropped = self.pending
         self.cancelled += dropped
         self.pending = 0
         self.payload = None
-        self.first = self.last = self.due = None
+        self.first = self.anchor = self.due = None
         self.due_fixed = False
         self.attempt = 0
         self.not_before = None
@@ -545,6 +576,7 @@ class KeyModel:
             "due": self.due,
             "payload": (self.payload or []) if collect else self.payload,
             "due_fixed": self.due_fixed,
+            "anchor": self.anchor,
             "attempt": self.attempt,
             "not_before": self.not_before,
             "seq": self.seq,

@@ -43,7 +43,10 @@ class BaseBackend:
         Edges as lodash debounce: with ``leading``, a trigger that opens a flight when the
         key's last trigger is ``wait`` or more ago (or its last run ``max_wait`` or more ago)
         makes a flight due at once; with ``trailing=False`` a trigger that would open any
-        other flight is dropped (counted in ``cancelled``). With ``collect_limit`` (collect
+        other flight is dropped (counted in ``cancelled``). The flight is due at
+        ``min(last trigger + wait, anchor + max_wait)``: its anchor is the last run's claim
+        when the trigger that opened it continued the stream (the case just named: lodash's
+        ``lastInvokeTime``), else its first trigger. With ``collect_limit`` (collect
         mode) ``payload`` is one item; the flight keeps its distinct items in trigger order
         and is due at once when it holds ``collect_limit`` of them.
 
@@ -125,7 +128,12 @@ class BaseBackend:
         raise NotImplementedError
 
     def cancel(self, key_hash: str, *, now: datetime | None = None) -> int:
-        """Drop the pending flight (step 6); returns how many triggers were dropped."""
+        """Drop the pending flight (step 6); returns how many triggers were dropped.
+
+        Whatever the flight's state (nothing pending, a run live), the key's last trigger time
+        is cleared, as lodash's ``cancel()`` clears ``lastCallTime``: the next trigger of a
+        ``leading`` task leads at once. A live run is not interrupted.
+        """
         raise NotImplementedError
 
     def due_keys(

@@ -122,6 +122,7 @@ class DatabaseBackend(BaseBackend):
         if row.pending == 0:
             row.flight_id += 1
             row.first_trigger_at = row.run_first_trigger_at
+            row.anchor_at = row.run_first_trigger_at
             row.last_trigger_at = row.last_trigger_at or row.run_first_trigger_at
             row.payload = row.run_payload
             row.due_at = now
@@ -130,6 +131,10 @@ class DatabaseBackend(BaseBackend):
             # Newer triggers keep their quiet period (I3); the run's triggers are older and
             # are covered when this flight runs.
             row.first_trigger_at = min(row.first_trigger_at, row.run_first_trigger_at or now)
+            # the earlier max_wait anchor (the run's triggers bring their first trigger time)
+            row.anchor_at = min(
+                row.anchor_at or row.first_trigger_at, row.run_first_trigger_at or now
+            )
             if isinstance(row.run_payload, list):  # collect: the run's items come first
                 row.payload = _union(row.run_payload, row.payload or [])
         row.pending += claimed
@@ -148,7 +153,7 @@ class DatabaseBackend(BaseBackend):
         """
         row.pending = 0
         row.payload = None
-        row.first_trigger_at = row.last_trigger_at = row.due_at = None
+        row.first_trigger_at = row.last_trigger_at = row.due_at = row.anchor_at = None
         row.scheduled = False
         row.scheduled_at = None
         row.running_until = None
@@ -228,7 +233,8 @@ class DatabaseBackend(BaseBackend):
                 "at": now,
             }
             if row.pending == 0:
-                edge = _edge(row, now, wait, max_wait, leading, trailing)
+                continues = _continues(row, now, wait, max_wait)
+                edge = _edge(continues, leading, trailing)
                 if edge == "drop":
                     # trailing=False: inside the window of a leading run (lodash drops it)
                     row.triggers += 1
@@ -239,6 +245,9 @@ class DatabaseBackend(BaseBackend):
                     return result, None, None
                 row.flight_id += 1
                 row.first_trigger_at = now
+                # The max_wait anchor: the last run's claim while the stream goes on
+                # (lodash's lastInvokeTime), else this trigger (lodash's leadingEdge).
+                row.anchor_at = row.last_run_at if continues and max_wait is not None else now
                 row.payload = [] if collect_limit is not None else None
                 row.due_fixed = edge == "leading"
                 row.attempt = 0
@@ -263,10 +272,12 @@ class DatabaseBackend(BaseBackend):
             else:
                 due = now + timedelta(seconds=wait)
                 if max_wait is not None:
-                    due = min(due, row.first_trigger_at + timedelta(seconds=max_wait))
+                    # a flight opened before the anchor existed (NULL) counts from its first
+                    anchor = row.anchor_at or row.first_trigger_at
+                    due = min(due, anchor + timedelta(seconds=max_wait))
                 if not undo["opened"] and row.due_at is not None:
                     # Never earlier than the due time given to the flight's earlier triggers
-                    # (I3): a lost or retried run that rejoined it brought an older first.
+                    # (I3): a lost or retried run that rejoined it brought an older anchor.
                     due = max(due, row.due_at)
             if full:
                 row.due_fixed = True
@@ -315,7 +326,7 @@ class DatabaseBackend(BaseBackend):
             row.triggers -= 1
             if row.pending == 0:
                 row.flight_id -= 1 if undo["opened"] else 0
-                row.first_trigger_at = row.due_at = None
+                row.first_trigger_at = row.due_at = row.anchor_at = None
                 # the key's last trigger is the one before (the next trigger's edge uses it)
                 row.last_trigger_at = undo["last_trigger_at"]
                 row.payload = None
@@ -445,7 +456,7 @@ class DatabaseBackend(BaseBackend):
         else:
             row.pending = 0
             row.payload = None
-            row.first_trigger_at = None
+            row.first_trigger_at = row.anchor_at = None
             row.due_at = None
             row.due_fixed = False
         return claim, follow
@@ -551,13 +562,22 @@ class DatabaseBackend(BaseBackend):
     def cancel(self, key_hash, *, now=None):
         with transaction.atomic(using=self.alias):
             row, _now = self._lock(key_hash, now)
-            if row is None or row.pending == 0:
+            if row is None:
+                return 0
+            if row.pending == 0:
+                # Nothing to drop, but the edge resets as lodash's cancel() resets it (the
+                # next trigger of a leading task leads at once), also while a run is live.
+                # An update of that one field: the row keeps its store and state.
+                if row.last_trigger_at is not None:
+                    DebounceKey.objects.using(self.alias).filter(pk=row.pk).update(
+                        last_trigger_at=None
+                    )
                 return 0
             dropped = row.pending
             row.cancelled += dropped
             row.pending = 0
             row.payload = None
-            row.first_trigger_at = row.last_trigger_at = row.due_at = None
+            row.first_trigger_at = row.last_trigger_at = row.due_at = row.anchor_at = None
             row.due_fixed = False
             row.attempt = 0
             row.not_before = None
@@ -654,12 +674,14 @@ class DatabaseBackend(BaseBackend):
         )
 
 
+# due_at = max(due_at, min(now + wait, anchor + max_wait)); a NULL max_wait leaves the second
+# term NULL, which LEAST ignores; a flight opened before the anchor existed counts from its first.
 _DUE_SQL = (
     "GREATEST(due_at, LEAST(STATEMENT_TIMESTAMP() + %s * INTERVAL '1 second',"
-    " first_trigger_at + %s * INTERVAL '1 second'))"
+    " COALESCE(anchor_at, first_trigger_at) + %s * INTERVAL '1 second'))"
 )
 # A flight this trigger makes due before its outstanding message (max_wait from an early
-# first trigger) is no plain merge: the full path publishes a message for the earlier time.
+# anchor) is no plain merge: the full path publishes a message for the earlier time.
 _MERGE_SQL = (
     "UPDATE {table} SET pending = pending + 1, triggers = triggers + 1,"
     " last_trigger_at = STATEMENT_TIMESTAMP(), payload = %s::jsonb,"
@@ -670,29 +692,32 @@ _MERGE_SQL = (
 )
 
 
-def _edge(
-    row: DebounceKey,
-    now: datetime,
-    wait: float,
-    max_wait: float | None,
-    leading: bool,
-    trailing: bool,
-) -> str:
+def _continues(row: DebounceKey, now: datetime, wait: float, max_wait: float | None) -> bool:
+    """Whether a trigger at ``now`` that opens a flight continues the key's stream of triggers
+    (lodash's ``shouldInvoke`` is false): the key's last trigger is less than ``wait`` ago
+    (``timeSinceLastCall < wait``; ``cancel`` clears it) and, with ``max_wait``, its last run
+    was claimed less than ``max_wait`` ago (``timeSinceLastInvoke < maxWait``). Otherwise the
+    trigger starts a new burst (lodash's ``leadingEdge``).
+    """
+    last = row.last_trigger_at
+    if last is None or (now - last).total_seconds() >= wait:
+        return False
+    if max_wait is None:
+        return True
+    ran = row.last_run_at
+    return ran is not None and (now - ran).total_seconds() < max_wait
+
+
+def _edge(continues: bool, leading: bool, trailing: bool) -> str:
     """How a trigger that opens a flight starts it (edge semantics as lodash debounce).
 
-    ``"leading"``: with ``leading``, when the key's last trigger is ``wait`` or more ago
-    (lodash's ``timeSinceLastCall >= wait``), or its last run started ``max_wait`` or more ago
-    (``timeSinceLastInvoke >= maxWait``): the flight is due at once. ``"drop"``: with
-    ``trailing=False``, any other trigger (it falls inside the window of a leading run).
-    ``"trailing"``: a flight due ``wait`` after its last trigger.
+    ``"leading"``: with ``leading``, a trigger that starts a new burst (``continues`` false):
+    the flight is due at once. ``"drop"``: with ``trailing=False``, any other trigger (it
+    falls inside the window of a leading run). ``"trailing"``: a flight due ``wait`` after
+    its last trigger (at most ``max_wait`` after its anchor).
     """
-    if leading:
-        last = row.last_trigger_at
-        if last is None or (now - last).total_seconds() >= wait:
-            return "leading"
-        ran = row.last_run_at
-        if max_wait is not None and (ran is None or (now - ran).total_seconds() >= max_wait):
-            return "leading"
+    if leading and not continues:
+        return "leading"
     return "trailing" if trailing else "drop"
 
 

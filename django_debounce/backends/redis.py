@@ -281,6 +281,7 @@ class RedisBackend(BaseBackend):
                 "ra",
                 "nb",
                 "rr",
+                "an",
             )
         }
         fields = {
@@ -299,6 +300,7 @@ class RedisBackend(BaseBackend):
             "first_trigger_at": _dt(num["ft"]),
             "last_trigger_at": _dt(num["lt"]),
             "due_at": _dt(num["d"]),
+            "anchor_at": _dt(num["an"]),
             "payload": json.loads(raw["pl"]) if raw.get("pl") else None,
             "scheduled_seq": num["q"],
             "scheduled": bool(num["sc"]),

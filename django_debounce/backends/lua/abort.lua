@@ -24,7 +24,7 @@ local restored = false
 if s.p == 0 then
   if ARGV[3] == '1' then s.f = s.f - 1 end
   -- the key's last trigger is the one before (the next trigger's edge uses it)
-  s.ft, s.lt, s.d, s.df = 0, tonumber(ARGV[5]), 0, 0
+  s.ft, s.an, s.lt, s.d, s.df = 0, 0, tonumber(ARGV[5]), 0, 0
   extra = {'pl', ''}
   if s.cl > 0 then redis.call('DEL', KEYS[2]) end
 elseif s.lt == tonumber(ARGV[10]) and tonumber(ARGV[6]) > 0 then

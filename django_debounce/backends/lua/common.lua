@@ -4,8 +4,9 @@
 -- same hash slot, scored by trigger order. ARGV[1] of every script is the time in integer
 -- microseconds, 0 meaning Redis TIME (the override exists for run_due and property tests).
 -- Times are written with %d so no precision is lost.
+-- 'an' is the open flight's max_wait anchor (see trigger.lua); 'lr' the last claim.
 local NUM = {'p','f','ft','lt','d','q','sc','sa','r','ru','rt','rf','T','R','M','C','lr','wa','o',
-             'mu','x','df','ra','nb','rr','cl'}
+             'mu','x','df','ra','nb','rr','cl','an'}
 
 local function fmt(v) return string.format('%d', v) end
 
@@ -74,13 +75,17 @@ local function unclaim(h, s, now)
   if s.p == 0 then
     s.f = s.f + 1
     s.ft = s.rf
+    s.an = s.rf
     if s.lt == 0 then s.lt = s.rf end
     s.d = now
     s.df = 0
     if s.cl == 0 then redis.call('HSET', h, 'pl', redis.call('HGET', h, 'rp') or '') end
   else
-    -- newer triggers keep their quiet period (I3); the run's triggers are older
+    -- newer triggers keep their quiet period (I3); the run's triggers are older; the
+    -- earlier max_wait anchor is kept (the run's triggers bring their first trigger time)
+    if s.an == 0 then s.an = s.ft end  -- a flight opened before the anchor existed
     s.ft = math.min(s.ft, s.rf)
+    s.an = math.min(s.an, s.rf)
   end
   if s.cl > 0 then
     -- the run's items come first: their scores are lower, and MIN keeps the first place

@@ -85,6 +85,7 @@ if rest > 0 then
 else
   s.p = 0
   s.ft = 0
+  s.an = 0
   s.d = 0
   s.df = 0
 end

@@ -17,10 +17,11 @@ local grace = tonumber(ARGV[5])
 
 -- Hot path: a trigger that only merges into an open flight (see merge_until) reads eight
 -- fields, writes five, and replies with one status line of three numbers. A flight that
--- this trigger makes due before its outstanding message (max_wait from an early first
--- trigger) takes the full path, which publishes a message for the earlier time.
-local m = redis.call('HMGET', h, 'mu', 'p', 'ft', 'T', 'f', 'x', 'sa', 'd')
-local hot, due = (tonumber(m[1]) or 0) > now, 0
+-- this trigger makes due before its outstanding message (max_wait from an early anchor)
+-- takes the full path, which publishes a message for the earlier time; so does a flight
+-- opened before the anchor field existed (an = 0), which the full path gives one.
+local m = redis.call('HMGET', h, 'mu', 'p', 'an', 'T', 'f', 'x', 'sa', 'd')
+local hot, due = (tonumber(m[1]) or 0) > now and (tonumber(m[3]) or 0) > 0, 0
 if hot then
   due = now + tonumber(ARGV[3])
   local max_wait = tonumber(ARGV[4])
@@ -70,21 +71,20 @@ local max_wait = tonumber(ARGV[4])
 local edge = tonumber(ARGV[8])
 s.cl = tonumber(ARGV[9])
 s.o = tonumber(ARGV[7])
+if s.p > 0 and s.an == 0 then s.an = s.ft end  -- a flight opened before the anchor existed
 local lost = recover_lease(h, s, now)
 local prev_pl = redis.call('HGET', h, 'pl') or ''
 local prev_lt, prev_d, prev_df = s.lt, s.d, s.df
 local opened = 0
 if s.p == 0 then
-  -- edge semantics as lodash debounce: a leading edge when the last trigger is `wait` or
-  -- more ago (timeSinceLastCall) or the last run `max_wait` or more ago (timeSinceLastInvoke)
-  local leading = false
-  if edge >= 1 then
-    if s.lt == 0 or now - s.lt >= wait then
-      leading = true
-    elseif max_wait >= 0 and (s.lr == 0 or now - s.lr >= max_wait) then
-      leading = true
-    end
-  end
+  -- edge semantics as lodash debounce: the trigger continues the stream (lodash's
+  -- shouldInvoke is false) when the key's last trigger is less than `wait` ago
+  -- (timeSinceLastCall; cancel clears it) and, with max_wait, the last run was claimed less
+  -- than `max_wait` ago (timeSinceLastInvoke); otherwise it starts a new burst (leadingEdge):
+  -- a leading edge with `leading`
+  local continues = s.lt > 0 and now - s.lt < wait
+  if continues and max_wait >= 0 then continues = s.lr > 0 and now - s.lr < max_wait end
+  local leading = edge >= 1 and not continues
   if not leading and edge == 2 then
     -- trailing=False: inside the window of a leading run, the trigger is dropped
     s.T = s.T + 1
@@ -97,6 +97,9 @@ if s.p == 0 then
   end
   s.f = s.f + 1
   s.ft = now
+  -- the max_wait anchor: the last claim while the stream goes on (lodash's lastInvokeTime),
+  -- else this trigger (lodash's leadingEdge resets lastInvokeTime to the call)
+  if continues and max_wait >= 0 then s.an = s.lr else s.an = now end
   s.df = leading and 1 or 0
   s.ra = 0
   s.nb = 0
@@ -124,9 +127,9 @@ elseif s.df == 1 or full then
   due = now
 else
   due = now + wait
-  if max_wait >= 0 then due = math.min(due, s.ft + max_wait) end
+  if max_wait >= 0 then due = math.min(due, s.an + max_wait) end
   -- never earlier than the due time given to the flight's earlier triggers (I3): a lost or
-  -- retried run that rejoined it brought an older first trigger
+  -- retried run that rejoined it brought an older anchor
   if opened == 0 and s.d > 0 then due = math.max(due, s.d) end
 end
 if full then s.df = 1 end
