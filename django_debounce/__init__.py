@@ -1,6 +1,6 @@
 """django-debounce: run slow Celery work once per burst of Django model saves.
 
-Public API (DESIGN.md section 3): ``debounced_task``, ``debounced_receiver``,
+Public API (docs/design.md, "Public API"): ``debounced_task``, ``debounced_receiver``,
 ``trigger_many``, ``TriggerResult`` and ``RunInfo``.
 """
 

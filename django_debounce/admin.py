@@ -1,5 +1,6 @@
 """Admin pages for keys and runs: read-only, with operator actions that need change
-permission, and a per-task summary (DESIGN.md section 6)."""
+permission, and a per-task summary (docs/design.md, "Models, admin, commands and
+signals")."""
 
 from __future__ import annotations
 
@@ -115,6 +116,7 @@ class DebounceKeyAdmin(ReadOnlyAdmin):
                     "first_trigger_at",
                     "last_trigger_at",
                     "due_at",
+                    "anchor_at",
                     "attempt",
                     "not_before",
                     "payload",

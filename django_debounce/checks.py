@@ -107,7 +107,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
     out: list[checks.CheckMessage] = [
         checks.Error(
             message,
-            hint="See the settings table in the README.",
+            hint="See the settings reference, docs/settings.md.",
             obj=name,
             id="django_debounce.E002",
         )
@@ -120,7 +120,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
             out.append(
                 checks.Warning(
                     f"{name} is not a django-debounce setting and is ignored.",
-                    hint=f"Did you mean {close[0]}?" if close else "See the README's settings.",
+                    hint=f"Did you mean {close[0]}?" if close else "See docs/settings.md.",
                     obj=name,
                     id="django_debounce.W003",
                 )

@@ -1,6 +1,7 @@
 """Settings of django-debounce, read when used so ``override_settings`` works.
 
-Every setting is flat and carries the ``DEBOUNCE_`` prefix (DESIGN.md section 3).
+Every setting is flat and carries the ``DEBOUNCE_`` prefix (docs/design.md, "Public API";
+every setting is described in docs/settings.md).
 """
 
 from __future__ import annotations

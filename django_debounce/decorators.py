@@ -156,8 +156,9 @@ def debounced_task(
 
     - ``wait``: quiet period; a trailing run starts ``wait`` after the last trigger
       (``DEBOUNCE_DEFAULT_WAIT`` when omitted). ``wait=0`` with no overlap coalesces.
-    - ``max_wait``: bound from the first trigger of a flight to its run (``None``: unbounded),
-      as lodash's ``maxWait``.
+    - ``max_wait``: bound on how long triggers can delay a run (``None``: unbounded), measured
+      as lodash's ``maxWait``: from the last run's start while the stream of triggers goes
+      on, else from the flight's first trigger; raised to ``wait`` if lower.
     - ``key``: callable with the task's signature returning the key string; default is the
       task name plus the canonical JSON of the bound arguments.
     - ``leading``/``trailing``: edge semantics as lodash debounce. ``leading=True`` runs at
@@ -165,6 +166,7 @@ def debounced_task(
       with ``trailing=True`` as well, a trailing run follows only if more triggers came in
       the window; ``trailing=False`` drops triggers inside the window of a leading run
       (counted as ``cancelled``). Throttle: ``leading=True, max_wait=wait``.
+      ``leading=False, trailing=False`` is refused (lodash accepts it; it would never run).
     - ``overlap``: allow two runs of one key at once (default ``False``).
     - ``collect``: batch mode: ``trigger(item)`` takes one JSON value and the body is called
       once per flight with the list of distinct items in trigger order; the default key is

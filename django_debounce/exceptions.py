@@ -10,7 +10,7 @@ class DebounceError(Exception):
 class PublishError(DebounceError):
     """A dispatch message could not be published to the broker.
 
-    The trigger that caused it was undone (DESIGN.md invariant I8): retrying the
+    The trigger that caused it was undone (docs/design.md, invariant I8): retrying the
     trigger once the broker is reachable is safe and publishes afresh.
     """
 

@@ -92,7 +92,7 @@ class DebounceRunQuerySet(models.QuerySet):
 
 
 class DebounceKey(models.Model):
-    """One row per key: the state machine of DESIGN.md section 4 for that key."""
+    """One row per key: the state machine of docs/design.md ("State machine") for that key."""
 
     class State(models.TextChoices):
         IDLE = "idle", _("idle")
@@ -136,8 +136,17 @@ class DebounceKey(models.Model):
         _("due at"),
         null=True,
         blank=True,
+        help_text=_("When the open flight may run: min(last trigger + wait, anchor + max_wait)."),
+    )
+    anchor_at = models.DateTimeField(
+        _("max_wait anchor"),
+        null=True,
+        blank=True,
         help_text=_(
-            "When the open flight may run: min(last trigger + wait, first trigger + max_wait)."
+            "What the open flight's max_wait counts from, as lodash's maxWait: the last run's "
+            "start when the trigger that opened the flight continued the stream (within wait "
+            "of the key's last trigger and within max_wait of that start), else the flight's "
+            "first trigger."
         ),
     )
     payload = models.JSONField(
@@ -183,15 +192,6 @@ class DebounceKey(models.Model):
         help_text=_(
             "The open flight runs as soon as it may (a leading edge, or a full collected "
             "batch); later triggers join it without delaying it."
-        ),
-    )
-    anchor_at = models.DateTimeField(
-        _("max_wait anchor"),
-        null=True,
-        blank=True,
-        help_text=_(
-            "Where max_wait of the open flight counts from: the last run's claim while the "
-            "stream of triggers goes on, else the flight's first trigger (as lodash's maxWait)."
         ),
     )
     attempt = models.PositiveIntegerField(

@@ -1,4 +1,5 @@
-"""Django signals sent by django-debounce, for monitoring and auditing (DESIGN.md section 6).
+"""Django signals sent by django-debounce, for monitoring and auditing (docs/design.md,
+"Models, admin, commands and signals").
 
 Connect receivers as with any Django signal::
 

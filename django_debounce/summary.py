@@ -2,7 +2,8 @@
 trigger-to-start delay (median, 95th percentile) over a period, with counts per time bucket.
 
 Everything is aggregated in the database, in a fixed number of queries whatever the size of
-the tables (DESIGN.md section 6); the SQL is in ``summary_sql.py``:
+the tables (docs/design.md, "Models, admin, commands and signals"); the SQL is in
+``summary_sql.py``:
 
 1. one ``GROUP BY task_name`` over the runs that started in the period (an index-only scan of
    one of the covering indexes of migration 0003); on PostgreSQL the percentiles are

@@ -68,7 +68,8 @@ class _RetryRequested(Retry):
 
 
 class DebouncedTask(Task):
-    """A Celery task whose ``trigger()`` is debounced per key (DESIGN.md sections 3 and 4).
+    """A Celery task whose ``trigger()`` is debounced per key (docs/design.md, "Public API" and
+    "State machine").
 
     ``delay()``/``apply_async()`` stay plain Celery calls. Dispatch messages carry only the
     key hash and a sequence number; the payload is read from the store at claim time.

@@ -1,5 +1,5 @@
-"""Invariants I1-I6 of DESIGN.md section 4 under load from several OS processes and a real
-worker, on the database under test."""
+"""Invariants I1-I6 of docs/design.md ("Invariants") under load from several OS processes and a
+real worker, on the database under test."""
 
 from __future__ import annotations
 

@@ -151,7 +151,7 @@ def test_collected_items_keep_trigger_order_after_an_abort(store):
 
 def test_a_trigger_that_makes_the_flight_due_before_its_message_publishes(store):
     # Found by the property test: the hot paths (Redis's merge in Lua, the one-statement
-    # UPDATE on PostgreSQL) merged a trigger whose flight is due (first trigger + max_wait)
+    # UPDATE on PostgreSQL) merged a trigger whose flight is due (its anchor + max_wait)
     # before the outstanding message, here the one a finishing run published for "now",
     # after the flight's due time; the full path publishes a message for the earlier time,
     # as the contract says (scheduled_at > due).

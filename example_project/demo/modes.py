@@ -1,4 +1,5 @@
-"""The debounced tasks of ``manage.py demo --modes``: one per mode of the README's table.
+"""The debounced tasks of ``manage.py demo --modes``: one per mode of the mode
+table (docs/guide/modes.md).
 
 A plain ``post_save`` receiver on ``ModeDoc`` triggers the task of the row's mode with the
 row's primary key; the job re-reads the row, sleeps its ``job_ms`` and records a ``DemoRun``

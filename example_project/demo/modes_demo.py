@@ -1,4 +1,5 @@
-"""``manage.py demo --modes``: every mode of the README's table, probed with real saves.
+"""``manage.py demo --modes``: every mode of the mode table (docs/guide/modes.md),
+probed with real saves.
 
 For each mode three probes run against the real worker, each on fresh rows:
 
@@ -7,7 +8,9 @@ For each mode three probes run against the real worker, each on fresh rows:
 - during: one save whose run lasts 1 s, then a second save 0.2 s into that run
 
 Each probe is summarised (runs, triggers per run, when the runs started) and checked against
-what the README's table says; the command exits non-zero when a check fails.
+what the mode table (docs/guide/modes.md) says: how many runs, and when each run started,
+against the time the table gives it (from the saves and the earlier runs; never before it, at
+most ``LATE`` after it); the command exits non-zero when a check fails.
 """
 
 from __future__ import annotations
@@ -22,6 +25,17 @@ from example_project.demo import modes
 from example_project.demo.models import DemoRun, ModeDoc
 
 W = modes.WAIT
+# A run may start this much after the time the table gives it: dispatch latency on a busy
+# 2-core machine with SQLite (each commit waits for the database lock) and the filesystem
+# broker (polled every 10 ms).
+LATE = 0.25
+# ... and this much before it: a save is timed before and after it (the trigger is between),
+# and the two processes read one clock.
+EARLY = 0.02
+# A run's recorded start comes this much after its claim, at most (the claim is what max_wait
+# counts from).
+CLAIM = 0.05
+INF = float("inf")
 
 
 @dataclass
@@ -29,6 +43,7 @@ class Probe:
     mode: str
     name: str
     saves: list[float] = field(default_factory=list)  # time.time() before each save
+    after: list[float] = field(default_factory=list)  # time.time() after each save
     runs: list[DemoRun] = field(default_factory=list)
     dropped: int = 0  # triggers counted as cancelled (trailing=False)
     problems: list[str] = field(default_factory=list)
@@ -100,6 +115,7 @@ def _save(probe: Probe, row: ModeDoc, job_ms: int = 30) -> None:
     row.job_ms = job_ms
     probe.saves.append(time.time())
     row.save()
+    probe.after.append(time.time())
 
 
 def run_probe(mode: str, name: str, settle_timeout: float) -> Probe:
@@ -127,12 +143,12 @@ def run_probe(mode: str, name: str, settle_timeout: float) -> Probe:
     _wait_for(lambda: _settled(mode, lambda: 1), settle_timeout, f"{mode}/{name} to settle")
     probe.runs = list(DemoRun.objects.filter(scenario=f"mode:{mode}").order_by("started"))
     probe.dropped = sum(k.cancelled for k in _keys(mode))
-    probe.problems = check(probe)
+    probe.problems = check(probe) + timing(probe)
     return probe
 
 
 def check(p: Probe) -> list[str]:
-    """What the README's table says of this mode and probe; returns what does not hold."""
+    """What the mode table says of this mode and probe; returns what does not hold."""
     out: list[str] = []
     runs, saves, n = p.runs, p.saves, len(p.saves)
     if not runs:
@@ -205,11 +221,101 @@ def check(p: Probe) -> list[str]:
             a, b = runs
             if p.mode == "overlap" and not p.overlapped:
                 out.append("the second run waited for the first (overlap=True lets it start)")
-            if p.mode == "throttle" and b.started < a.started + W - 0.02:
-                out.append("the follow-up started less than W after the live run")
             if p.mode in ("debounce", "bounded", "leading") and b.started < saves[1] + W - 0.02:
                 out.append("the follow-up started before W after the second save")
     return out
+
+
+def timing(p: Probe) -> list[str]:
+    """When each run started, against the time the README's table gives it; returns what does
+    not hold. The runs cover the saves in order (``triggers`` each; with ``trailing=False`` the
+    saves between are dropped); a run's flight opens with its first save, which either
+    continues the stream (within ``wait`` of the save before, and, with ``max_wait``, within
+    ``max_wait`` of the last run's start) or starts a new burst. A new burst runs at once with
+    ``leading``; any other flight ``wait`` after its last save, at most ``max_wait`` after its
+    anchor (the last run's start when it continues the stream, else its first save); without
+    ``overlap``, never before the run before it has ended. A save timed close to a boundary is
+    allowed either way."""
+    task = modes.MODES[p.mode]
+    wait = task.wait
+    max_wait = task.debounce_max_wait
+    if max_wait is not None:
+        max_wait = max(max_wait, wait)
+    if not p.runs:
+        return []
+    before, after, runs = p.saves, p.after, p.runs
+    if task.debounce_collect and p.name != "during":
+        # rows are saved in turn, so the save that brings the collect_limit-th item fills the
+        # first batch, which then runs at once; the last batch runs wait after the last save
+        # at the latest (a batch that is full, or holds items of an earlier one, sooner)
+        fill = modes.COLLECT_LIMIT - 1
+        out = []
+        if not before[fill] - EARLY <= runs[0].started <= after[fill] + LATE:
+            out.append(
+                f"the first batch started {_ms(runs[0].started - after[fill])} after it was "
+                "full, not at once"
+            )
+        if runs[-1].started > after[-1] + wait + LATE:
+            out.append("the last batch started later than wait after the last save")
+        return out
+    out = []
+    i = 0
+    prev: DemoRun | None = None
+    for k, run in enumerate(runs):
+        if k and not task.debounce_trailing:
+            # dropped saves: the next run's first save is a leading edge (wait after the save
+            # before it, dropped or not)
+            lead = next(
+                (x for x in range(i, len(before)) if after[x] - before[x - 1] >= wait), None
+            )
+            if lead is None:
+                out.append(f"run {k + 1}: no save could have led it")
+                break
+            i = lead
+        j = i + (run.triggers or 0) - 1
+        if j < i or j >= len(before):
+            out.append(f"run {k + 1}: covers {run.triggers} saves, {len(before) - i} left")
+            break
+        cap = INF if max_wait is None else max_wait
+        windows = []  # (earliest, latest) due time, what
+        gap_lo = before[i] - after[i - 1] if i else INF
+        gap_hi = after[i] - before[i - 1] if i else INF
+        since_lo = before[i] - prev.started if prev else INF
+        since_hi = after[i] - prev.started + CLAIM if prev else INF
+        if gap_hi >= wait or since_hi >= cap:  # a new burst
+            if task.debounce_leading:
+                windows.append((before[i], after[i], "at once (a leading edge)"))
+            else:
+                windows.append(
+                    (
+                        min(before[j] + wait, before[i] + cap),
+                        min(after[j] + wait, after[i] + cap),
+                        "wait after its last save (max_wait after its first)",
+                    )
+                )
+        if prev is not None and gap_lo < wait and since_lo < cap:  # continues the stream
+            windows.append(
+                (
+                    min(before[j] + wait, prev.started - CLAIM + cap),
+                    min(after[j] + wait, prev.started + cap),
+                    "wait after its last save (max_wait after the last run started)",
+                )
+            )
+        if prev is not None and not task.debounce_overlap:
+            windows = [(max(lo, prev.finished), max(hi, prev.finished), w) for lo, hi, w in windows]
+        if not any(lo - EARLY <= run.started <= hi + LATE for lo, hi, _w in windows):
+            said = "; or ".join(
+                f"{w}: +{_ms(lo - before[0])}..+{_ms(hi - before[0] + LATE)}"
+                for lo, hi, w in windows
+            )
+            out.append(f"run {k + 1} started at +{_ms(run.started - before[0])}; the table: {said}")
+        prev = run
+        i = j + 1
+    return out
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:.0f}ms"
 
 
 def run_all(settle_timeout: float, write: Callable[[str], None]) -> list[Probe]:
@@ -240,7 +346,9 @@ def table(probes: list[Probe]) -> str:
     lines.append("")
     lines.append(
         f"W = {W:g} s; bounded: max_wait = {modes.MAX_WAIT:g} s; collect: 8 rows, "
-        f"collect_limit = {modes.COLLECT_LIMIT}; +ms: run start after the first save."
+        f"collect_limit = {modes.COLLECT_LIMIT}; +ms: run start after the first save. Every "
+        f"start is checked against the time the README's table gives it (at most "
+        f"{LATE * 1000:.0f} ms late)."
     )
     for p in probes:
         for problem in p.problems:

@@ -214,3 +214,63 @@ def auto_retry(tag: str, *, debounce: RunInfo) -> None:
 @debounced_task(wait=0.1, name="testapp.long_runner", lease=1.5)
 def long_runner(tag: str, *, debounce: RunInfo) -> None:
     _body("testapp.long_runner", tag, 4.0, debounce)
+
+
+# -- lodash cases in real time (tests/test_lodash.py): 1 lodash millisecond = 50 ms ------------
+
+LODASH_MS = 0.05
+
+
+@debounced_task(wait=32 * LODASH_MS, name="testapp.lodash_debounce")
+def lodash_debounce(tag: str, *, debounce: RunInfo) -> None:
+    """``_.debounce(func, 32)``."""
+    _body("testapp.lodash_debounce", tag, 0, debounce)
+
+
+@debounced_task(wait=32 * LODASH_MS, leading=True, name="testapp.lodash_leading")
+def lodash_leading(tag: str, *, debounce: RunInfo) -> None:
+    """``_.debounce(func, 32, {leading: true})``."""
+    _body("testapp.lodash_leading", tag, 0, debounce)
+
+
+@debounced_task(wait=32 * LODASH_MS, max_wait=64 * LODASH_MS, name="testapp.lodash_bounded")
+def lodash_bounded(tag: str, *, debounce: RunInfo) -> None:
+    """``_.debounce(func, 32, {maxWait: 64})``."""
+    _body("testapp.lodash_bounded", tag, 0, debounce)
+
+
+@debounced_task(
+    wait=32 * LODASH_MS,
+    max_wait=32 * LODASH_MS,
+    leading=True,
+    name="testapp.lodash_throttle",
+    key=lambda tag, arg="": tag,
+)
+def lodash_throttle(tag: str, arg: str = "", *, debounce: RunInfo) -> None:
+    """``_.throttle(func, 32)``."""
+    _body("testapp.lodash_throttle", tag, 0, debounce, payload={"arg": arg})
+
+
+def _recursive(store: str):
+    """``_.throttle(func, 32)`` whose run calls it again with the first of ``then`` (a recursive
+    call, made while the run is live). The trigger made in the worker must reach the store of
+    the case, so the task is pinned to it (one task per store)."""
+    name = f"testapp.lodash_recursive_{store}"
+
+    @debounced_task(
+        wait=32 * LODASH_MS,
+        max_wait=32 * LODASH_MS,
+        leading=True,
+        name=name,
+        backend=store,
+        key=lambda tag, arg="", then=None: tag,
+    )
+    def recursive(tag: str, arg: str = "", then: list | None = None, *, debounce: RunInfo) -> None:
+        _body(name, tag, 0, debounce, payload={"arg": arg})
+        if then:
+            recursive.trigger(tag, then[0], then[1:])
+
+    return recursive
+
+
+lodash_recursive = {store: _recursive(store) for store in ("redis", "database")}

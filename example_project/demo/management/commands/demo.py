@@ -365,8 +365,9 @@ class Command(BaseCommand):
         parser.add_argument(
             "--modes",
             action="store_true",
-            help="instead of the scenarios, probe every mode of the README's table (leading, "
-            "throttle, collect, ...) with a burst, a stream and a save during a run",
+            help="instead of the scenarios, probe every mode of the mode table "
+            "(docs/guide/modes.md: leading, throttle, collect, ...) with a burst, a stream and a "
+            "save during a run",
         )
         parser.add_argument(
             "--worker-log",

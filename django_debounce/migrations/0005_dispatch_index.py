@@ -11,7 +11,7 @@ class Migration(migrations.Migration):
     atomic = False
 
     dependencies = [
-        ('django_debounce', '0003_admin_indexes'),
+        ('django_debounce', '0004_max_wait_anchor'),
     ]
 
     operations = [
@@ -26,11 +26,6 @@ class Migration(migrations.Migration):
                 'verbose_name': 'due index entry',
                 'verbose_name_plural': 'due index entries',
             },
-        ),
-        migrations.AddField(
-            model_name='debouncekey',
-            name='anchor_at',
-            field=models.DateTimeField(blank=True, help_text="Where max_wait of the open flight counts from: the last run's claim while the stream of triggers goes on, else the flight's first trigger (as lodash's maxWait).", null=True, verbose_name='max_wait anchor'),
         ),
         migrations.AddField(
             model_name='debouncekey',

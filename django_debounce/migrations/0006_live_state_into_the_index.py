@@ -41,6 +41,6 @@ def forwards(apps, schema_editor):
 
 
 class Migration(migrations.Migration):
-    dependencies = [("django_debounce", "0004_dispatch_index")]
+    dependencies = [("django_debounce", "0005_dispatch_index")]
 
     operations = [migrations.RunPython(forwards, migrations.RunPython.noop, elidable=True)]
