@@ -6,6 +6,7 @@ do with each trigger and each dispatch message and does it.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import logging
 import time
@@ -523,8 +524,10 @@ class DebouncedTask(Task):
         retry, the body's exception propagates.
         """
         options = self.flight_options()
+        if not claim.key:  # Redis keeps only a short key: the payload gives the full one
+            claim = dataclasses.replace(claim, key=self.key_of_payload(claim.payload))
         info = RunInfo(
-            key=claim.key or self.key_of_payload(claim.payload),
+            key=claim.key,
             flight_id=claim.flight_id,
             run_id=claim.run_id,
             triggers=claim.triggers,
