@@ -122,6 +122,19 @@ def drain(store: Any, limit: int = BATCH) -> int:
     return len(records)
 
 
+def drain_all() -> int:
+    """Drain every record of the Redis stores in use now (``run_due`` and in-process runs:
+    no recorder runs in such a process). Returns how many records were applied."""
+    applied = 0
+    for store in redis_stores():
+        while True:
+            n = drain(store)
+            applied += n
+            if n < BATCH:
+                break
+    return applied
+
+
 def apply(records: list[Record]) -> None:
     """Write ``records`` (in the order they were made) to the durable record: one statement
     each for the keys, the new runs and the ended runs, whatever the batch size."""

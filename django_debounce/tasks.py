@@ -349,6 +349,9 @@ class DebouncedTask(Task):
         if dispatch is not None:
             if is_eager(self):
                 self.fire(hashed, dispatch.seq, store=dispatch.store, in_worker=False)
+                from django_debounce.recorder import drain_all
+
+                drain_all()  # no recorder runs in this process
             else:
                 publish_or_release(self, backend, dispatch)
         return bool(pending)

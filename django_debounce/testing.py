@@ -45,6 +45,10 @@ def run_due(now: datetime | None = None, *, backend: str | None = None) -> int:
         count += ran
         if not ran:
             break
+    # no recorder runs in this process: the durable records of Redis keys are written now
+    from django_debounce.recorder import drain_all
+
+    drain_all()
     return count
 
 
