@@ -24,6 +24,7 @@ from django.db import DEFAULT_DB_ALIAS, InterfaceError, OperationalError, connec
 from django_debounce import conf, observe
 from django_debounce.backends import get_backend
 from django_debounce.backends.base import BaseBackend
+from django_debounce.backends.errors import store_unavailable
 from django_debounce.dispatch import (
     DISPATCH_KWARG,
     is_eager,
@@ -42,13 +43,13 @@ from django_debounce.state import Claim, Finish, FireAction, FlightOptions, RunI
 
 logger = logging.getLogger("django_debounce")
 
-# Errors that mean "the store is unreachable right now", not "the state machine said no".
-STORE_ERRORS: tuple[type[BaseException], ...] = (OperationalError, InterfaceError)
+# Errors that may mean "the store is unreachable right now" (``store_unavailable`` decides),
+# not "the state machine said no".
+STORE_ERRORS: tuple[type[BaseException], ...] = (OperationalError, InterfaceError, OSError)
 try:
-    from redis.exceptions import ConnectionError as _RedisConnectionError
-    from redis.exceptions import TimeoutError as _RedisTimeoutError
+    from redis.exceptions import RedisError as _RedisError
 
-    STORE_ERRORS += (_RedisConnectionError, _RedisTimeoutError)
+    STORE_ERRORS += (_RedisError,)
 except ImportError:  # pragma: no cover - redis is optional
     pass
 STORE_RETRY_DELAY = 1.0
@@ -406,6 +407,8 @@ class DebouncedTask(Task):
         try:
             return self.fire(parsed.key_hash, parsed.seq, store=parsed.store)
         except STORE_ERRORS as exc:
+            if not store_unavailable(exc):
+                raise
             return self._store_unavailable(message, exc)
 
     def _store_unavailable(self, message: dict[str, Any], exc: BaseException) -> None:
@@ -617,7 +620,9 @@ class DebouncedTask(Task):
                 options=self.flight_options(),
                 store=claim.store,
             )
-        except STORE_ERRORS:
+        except STORE_ERRORS as exc:
+            if not store_unavailable(exc):
+                raise
             # The run is done but its store is unreachable: its lease runs out and the
             # flight is redone (at least once, I7) rather than lost.
             logger.exception(

@@ -20,6 +20,7 @@ from django.conf import settings
 from django_debounce import conf, observe
 from django_debounce.backends.base import BaseBackend, Taken, TriggerManyError
 from django_debounce.backends.database import DatabaseBackend
+from django_debounce.backends.errors import redis_unavailable
 
 logger = logging.getLogger("django_debounce")
 
@@ -28,11 +29,13 @@ RETRY_AFTER = 2.0
 
 
 def _redis_errors() -> tuple[type[BaseException], ...]:
+    """The exception classes a Redis failure can raise (``redis_unavailable`` then says
+    whether it is a failure of the store or a bug)."""
     try:
-        from redis.exceptions import ConnectionError, TimeoutError
+        from redis.exceptions import RedisError
     except ImportError:  # pragma: no cover - redis not installed: auto never picks it
         return ()
-    return (ConnectionError, TimeoutError, OSError)
+    return (RedisError, OSError)
 
 
 class FallbackStats:
@@ -99,6 +102,13 @@ class AutoBackend(BaseBackend):
                 exc,
             )
 
+    def _pump_failed(self, exc: BaseException, step: str) -> None:
+        """A Redis error in a pump step: the database store's part goes on either way."""
+        if redis_unavailable(exc):
+            self._failed(exc)
+        else:  # a bug: say so loudly, but the database store's flights still move
+            logger.error("django_debounce: %s on the Redis store failed", step, exc_info=exc)
+
     def _recovered(self) -> None:
         if self._in_outage:
             self._in_outage = False
@@ -117,6 +127,8 @@ class AutoBackend(BaseBackend):
             try:
                 out = redis.trigger(**kwargs)
             except self.errors as exc:
+                if not redis_unavailable(exc):
+                    raise  # a bug (a script error), not a Redis that cannot take the write
                 self._failed(exc)
                 observe.fallback(kwargs["task_name"])
             else:
@@ -138,6 +150,9 @@ class AutoBackend(BaseBackend):
             out = redis.trigger_many(task_name=task_name, items=items, options=options, now=now)
         except TriggerManyError as exc:
             failed = sorted(exc.errors)
+            for error in exc.errors.values():
+                if not redis_unavailable(error):
+                    raise error from exc
             self._failed(next(iter(exc.errors.values())))
             out = list(exc.results)
             redone = self.database.trigger_many(
@@ -148,6 +163,8 @@ class AutoBackend(BaseBackend):
                 observe.fallback(task_name)
             return out
         except self.errors as exc:
+            if not redis_unavailable(exc):
+                raise
             self._failed(exc)
             observe.fallback(task_name)
             return self.database.trigger_many(
@@ -165,7 +182,7 @@ class AutoBackend(BaseBackend):
             try:
                 times.append(redis.peek(task_names, now=now))
             except self.errors as exc:
-                self._failed(exc)
+                self._pump_failed(exc, "peek")
         known = [t for t in times if t is not None]
         return min(known) if known else None
 
@@ -176,7 +193,7 @@ class AutoBackend(BaseBackend):
             try:
                 out = redis.take(tasks, limit, now=now)
             except self.errors as exc:
-                self._failed(exc)
+                self._pump_failed(exc, "take")
         db = self.database.take(tasks, max(limit - len(out.dispatches), 0), now=now)
         nexts = [t for t in (out.next_in, db.next_in) if t is not None]
         return Taken(
@@ -202,7 +219,7 @@ class AutoBackend(BaseBackend):
         try:
             return int(redis.recheck(limit=limit, now=now))
         except self.errors as exc:
-            self._failed(exc)
+            self._pump_failed(exc, "recheck")
             return 0
 
     # -- the worker -------------------------------------------------------------------------
