@@ -44,6 +44,8 @@ DEFAULTS: dict[str, Any] = {
     "PUMP_BATCH": 500,
     # Messages published and not yet claimed per queue above which a pump waits.
     "PUMP_QUEUE_CAP": 1000,
+    # Bytes of JSON one trigger may store (its payload, or its item in collect mode).
+    "MAX_PAYLOAD": 65536,
     # Deprecated: recovery is the pump's (see checks.W005).
     "RECOVERY_INTERVAL": 60,
     "REARM_HOLD": 0.25,
@@ -83,11 +85,16 @@ def _reset(*, setting: str, **kwargs: Any) -> None:
         _cache.clear()
 
 
+# The longest duration any setting or option may have (a year): longer is a mistake, and
+# the stores count time in integer microseconds that must stay exact in a Lua number.
+MAX_SECONDS = 365 * 86400.0
+
+
 def seconds(value: Any, *, name: str, allow_none: bool = False) -> float | None:
     """Normalise a duration given as seconds (int/float) or ``timedelta`` to float seconds.
 
-    Raises ``ImproperlyConfigured`` for negative, infinite, NaN or non-numeric values,
-    naming ``name``.
+    Raises ``ImproperlyConfigured`` for negative, infinite, NaN or non-numeric values, and
+    for more than ``MAX_SECONDS`` (a year), naming ``name``.
     """
     if value is None:
         if allow_none:
@@ -102,6 +109,10 @@ def seconds(value: Any, *, name: str, allow_none: bool = False) -> float | None:
         )
     if not math.isfinite(value) or value < 0:
         raise ImproperlyConfigured(f"{name} must be a finite number >= 0 seconds, got {value!r}.")
+    if value > MAX_SECONDS:
+        raise ImproperlyConfigured(
+            f"{name} must be at most a year ({MAX_SECONDS:.0f} seconds), got {value!r}."
+        )
     return float(value)
 
 
@@ -149,6 +160,14 @@ def problems() -> list[tuple[str, str]]:
                     f"{type(value).__name__} (a string such as 'false' counts as true).",
                 )
             )
+    limit = get("MAX_PAYLOAD")
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        out.append(
+            (
+                "DEBOUNCE_MAX_PAYLOAD",
+                f"DEBOUNCE_MAX_PAYLOAD must be a positive int (bytes), got {limit!r}.",
+            )
+        )
     if not isinstance(get("CACHE_ALIAS"), str):
         out.append(("DEBOUNCE_CACHE_ALIAS", "DEBOUNCE_CACHE_ALIAS must be a cache alias (str)."))
     return out

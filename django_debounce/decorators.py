@@ -17,7 +17,7 @@ from django.dispatch import Signal
 from django.utils.inspect import func_accepts_kwargs
 
 from django_debounce import conf
-from django_debounce.keys import dumps
+from django_debounce.keys import check_size, check_text, dumps
 from django_debounce.state import RunInfo, TriggerResult
 from django_debounce.tasks import DebouncedTask
 
@@ -322,12 +322,16 @@ class DebouncedReceiverTask(DebouncedTask):
     def _resolve(self, args: tuple, kwargs: dict) -> tuple[str, Any, str | None]:
         """``trigger(instance)`` or ``trigger(Model, pk)``: key ``app_label.model:pk``
         (collect mode: the item ``{"model", "pk"}`` under the key ``app_label.model``)."""
-        if self.debounce_collect:
-            payload = self._payload_of(args, kwargs)
-            item = {"model": payload["model"], "pk": payload["pk"]}
-            return self.key_for(item), item, dumps(self.pack_item(item))
         payload = self._payload_of(args, kwargs)
-        return self.key_for(payload), payload, dumps(self.pack(payload))
+        if self.debounce_collect:
+            payload = {"model": payload["model"], "pk": payload["pk"]}
+            stored = dumps(self.pack_item(payload))
+        else:
+            stored = dumps(self.pack(payload))
+        check_size(stored, self.name)
+        key = self.key_for(payload)
+        check_text(key, "key")
+        return key, payload, stored
 
     # -- the stored payload: a model code and the pk ----------------------------------------
 
@@ -472,9 +476,10 @@ class DebouncedReceiverTask(DebouncedTask):
             stored = dumps(self.pack_item(payload))
         else:
             stored = dumps(self.pack(payload))
-        self.trigger_payload(
-            self.key_for(payload), payload, using=kwargs.get("using"), payload_json=stored
-        )
+        check_size(stored, self.name)
+        key = self.key_for(payload)
+        check_text(key, "key")
+        self.trigger_payload(key, payload, using=kwargs.get("using"), payload_json=stored)
 
 
 def _receiver_body(

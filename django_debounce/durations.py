@@ -8,6 +8,7 @@ from datetime import timedelta
 from django.utils.dateparse import parse_duration
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+MAX = timedelta(days=36500)  # a hundred years: anything longer is a typo
 ACCEPTED = "a number with a unit s, m, h, d or w (e.g. 45s, 30m, 12h, 7d, 2w), or HH:MM:SS"
 
 
@@ -26,8 +27,14 @@ def parse(value: str) -> timedelta:
             f"hours, {match.group(1)}s for seconds ({ACCEPTED})."
         )
     if match:
-        return timedelta(seconds=float(match.group(1)) * _UNITS[match.group(2)])
-    parsed = parse_duration(value.strip()) if value and value.strip() else None
+        seconds = float(match.group(1)) * _UNITS[match.group(2)]
+        if seconds > MAX.total_seconds():
+            raise ValueError(f"{value!r} is longer than {MAX.days} days: use a shorter duration.")
+        return timedelta(seconds=seconds)
+    try:
+        parsed = parse_duration(value.strip()) if value and value.strip() else None
+    except OverflowError:
+        parsed = None
     if parsed is None or parsed < timedelta(0):
         raise ValueError(f"{value!r} is not a duration: use {ACCEPTED}.")
     return parsed

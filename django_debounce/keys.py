@@ -5,19 +5,25 @@ from __future__ import annotations
 import hashlib
 import inspect
 import json
+import re
 from collections.abc import Callable
 from typing import Any
 
 RESERVED_PARAMETER = "debounce"
+# A NUL character in JSON: "\u0000" after an even number of backslashes (an escaped backslash
+# followed by "u0000" is text, not a NUL).
+_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 
 
 def dumps(value: Any) -> str:
     """Canonical JSON (sorted keys, no spaces, UTF-8 kept): the only encoding we store or send.
 
-    Raises ``TypeError`` naming the offending value when ``value`` is not JSON-serialisable.
+    Raises ``TypeError`` naming the offending value when ``value`` is not JSON-serialisable,
+    and ``ValueError`` for JSON no store can keep: a string with a NUL character (PostgreSQL
+    refuses it), a lone surrogate (not UTF-8), nesting deeper than Python's recursion limit.
     """
     try:
-        return json.dumps(
+        encoded = json.dumps(
             value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
         )
     except (TypeError, ValueError) as exc:
@@ -26,6 +32,46 @@ def dumps(value: Any) -> str:
             f"{exc}. Pass JSON values (str, int, float, bool, None, lists, dicts with str keys), "
             "for example a primary key instead of a model instance."
         ) from None
+    except RecursionError:
+        raise ValueError(
+            "django-debounce cannot store this payload: it is nested too deeply for JSON "
+            "(Python's recursion limit). Pass a flat value, such as a primary key."
+        ) from None
+    check_text(encoded, "payload")
+    return encoded
+
+
+def check_text(text: str, what: str) -> None:
+    """Raise ``ValueError`` naming the fix when ``text`` (a key or encoded payload) holds a
+    NUL character (U+0000, escaped in JSON; PostgreSQL's text and jsonb refuse it) or is not
+    valid UTF-8 (a lone surrogate)."""
+    if "\x00" in text or ("\\u0000" in text and _NUL.search(text)):
+        raise ValueError(
+            f"django-debounce cannot store a {what} with a NUL character (U+0000): remove it "
+            "(PostgreSQL's text and jsonb types cannot hold it)."
+        )
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError(
+                f"django-debounce cannot store a {what} that is not valid UTF-8 (a lone "
+                "surrogate such as '\\ud800'): pass text that encodes as UTF-8."
+            ) from None
+
+
+def check_size(encoded: str, task_name: str) -> None:
+    """Raise ``ValueError`` when a stored payload is larger than ``DEBOUNCE_MAX_PAYLOAD``
+    bytes (checked before anything is stored)."""
+    from django_debounce import conf
+
+    limit = int(conf.get("MAX_PAYLOAD"))
+    if len(encoded) > limit // 4 and len(encoded.encode("utf-8")) > limit:
+        raise ValueError(
+            f"{task_name}: the payload of a trigger is {len(encoded.encode('utf-8')):,} bytes "
+            f"of JSON, more than DEBOUNCE_MAX_PAYLOAD ({limit:,}): pass an identifier (such "
+            "as a primary key) and let the task read the rest, or raise the setting."
+        )
 
 
 def _offender(value: Any) -> Any:

@@ -35,6 +35,8 @@ from django_debounce.exceptions import UnknownTask
 from django_debounce.keys import (
     RESERVED_PARAMETER,
     PayloadBinder,
+    check_size,
+    check_text,
     dumps,
     key_hash,
     payload_signature,
@@ -180,6 +182,7 @@ class DebouncedTask(Task):
                 f"{self._binder.sig}: {exc}"
             ) from None
         encoded = dumps(payload)
+        check_size(encoded, self.name)
         # stored: the arguments alone when there are no keyword arguments (a lean Redis hash)
         stored = encoded[8:-13] if encoded.endswith(',"kwargs":{}}') else encoded
         if self.debounce_key is None:
@@ -195,6 +198,7 @@ class DebouncedTask(Task):
             raise TypeError(
                 f"key= of {self.name} must return a str, got {type(key).__name__}: {key!r}."
             )
+        check_text(key, "key")
         return key, payload, stored
 
     def _resolve_item(self, args: tuple, kwargs: dict) -> tuple[str, Any, str | None]:
@@ -208,6 +212,7 @@ class DebouncedTask(Task):
             )
         item = args[0]
         encoded = dumps(item)
+        check_size(encoded, self.name)
         if self.debounce_key is None:
             return self.name, item, encoded
         key = self.debounce_key(item)
@@ -215,6 +220,7 @@ class DebouncedTask(Task):
             raise TypeError(
                 f"key= of {self.name} must return a str, got {type(key).__name__}: {key!r}."
             )
+        check_text(key, "key")
         return key, item, encoded
 
     def call_arguments(self, payload: Any) -> tuple[list[Any], dict[str, Any]]:
@@ -579,6 +585,7 @@ class DebouncedTask(Task):
             retry_in = None
             if self._retries(exc) and (max_retries is None or claim.attempt < max_retries):
                 retry_in = countdown if countdown is not None else self.retry_delay(claim.attempt)
+                retry_in = min(max(float(retry_in), 0.0), conf.MAX_SECONDS)
             error = "".join(traceback.format_exception_only(type(cause), cause)).strip()
             self._finish(backend, claim, ok=False, error=error, retry_in=retry_in)
             outcome = observe.FAILURE if retry_in is None else observe.RETRY

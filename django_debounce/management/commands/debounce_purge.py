@@ -62,8 +62,11 @@ class Command(BaseCommand):
             age = durations.parse(options["older_than"])
         except ValueError as exc:
             raise CommandError(f"--older-than: {exc}") from None
-        if options["batch_size"] < 1:
-            raise CommandError("--batch-size must be a positive integer, e.g. --batch-size 1000.")
+        if not 1 <= options["batch_size"] <= 100_000:
+            raise CommandError(
+                "--batch-size must be an integer from 1 to 100000 (rows per delete), e.g. "
+                "--batch-size 1000."
+            )
         alias = options["database"]
         if alias and alias not in connections:
             raise CommandError(
