@@ -335,6 +335,17 @@ class DebouncedReceiverTask(DebouncedTask):
 
     # -- the stored payload: a model code and the pk ----------------------------------------
 
+    def alias_of(self, payload: Any) -> str | None:
+        """The database the row's model writes to (``router.db_for_write``): a trigger made
+        inside that database's transaction counts when it commits."""
+        label = payload.get("model") if isinstance(payload, dict) else None
+        if not label:
+            return None
+        try:
+            return str(router.db_for_write(apps.get_model(label)))
+        except LookupError:
+            return None
+
     def _default_label(self) -> str | None:
         return _label(self.debounce_sender)
 

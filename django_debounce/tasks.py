@@ -258,23 +258,30 @@ class DebouncedTask(Task):
         raises only when no store can record it.
         """
         key, payload, encoded = self._resolve(args, kwargs)
-        return self.trigger_payload(key, payload, payload_json=encoded)
+        return self.trigger_payload(
+            key, payload, using=self.alias_of(payload), payload_json=encoded
+        )
+
+    def alias_of(self, payload: Any) -> str | None:
+        """The database whose transaction defers a trigger with ``payload`` (``None``: see
+        ``deferring_alias``). A receiver's is the one its row's model writes to."""
+        return None
 
     def trigger_payload(
         self, key: str, payload: Any, *, using: str | None = None, payload_json: str | None = None
     ) -> TriggerResult:
         """Count one trigger for an already resolved ``key`` and JSON ``payload``.
 
-        ``using`` is the database alias whose transaction defers the trigger (default alias
-        when ``None``).
+        ``using`` is the database alias whose transaction defers the trigger (``None``: see
+        ``deferring_alias``).
         """
         if not conf.get("ENABLED"):
             return TriggerResult(key, None, None, None, scheduled=False)
         on_commit = self.debounce_on_commit
         if on_commit is None:
             on_commit = bool(conf.get("ON_COMMIT"))
-        alias = using or DEFAULT_DB_ALIAS
-        if on_commit and connections[alias].in_atomic_block:
+        alias = deferring_alias(using) if on_commit else None
+        if alias is not None:
             transaction.on_commit(
                 partial(self._trigger_now, key, payload, payload_json, deferred=True), using=alias
             )
@@ -310,8 +317,10 @@ class DebouncedTask(Task):
         on_commit = self.debounce_on_commit
         if on_commit is None:
             on_commit = bool(conf.get("ON_COMMIT"))
-        alias = using or DEFAULT_DB_ALIAS
-        if on_commit and connections[alias].in_atomic_block:
+        if using is None and resolved:
+            using = self.alias_of(resolved[0][1])
+        alias = deferring_alias(using) if on_commit else None
+        if alias is not None:
             transaction.on_commit(partial(self._trigger_batch, resolved), using=alias)
             return [
                 TriggerResult(key, None, None, None, scheduled=False, deferred=True)
@@ -638,6 +647,23 @@ class DebouncedTask(Task):
             return
         if follow is not None and not is_eager(self):
             publish_or_release(self, backend, follow)
+
+
+def deferring_alias(using: str | None) -> str | None:
+    """The database whose open transaction a trigger waits for (``None``: none is open, the
+    trigger counts at once). With ``using`` (a receiver's row lives there, or a signal's
+    ``using``), that database's; else the default database's, or, when the default has none
+    open, the first database in ``DATABASES`` order with a transaction open (a plain task's
+    trigger cannot know which database its body reads, so it waits for the one that is
+    writing)."""
+    if using is not None:
+        return using if connections[using].in_atomic_block else None
+    if connections[DEFAULT_DB_ALIAS].in_atomic_block:
+        return DEFAULT_DB_ALIAS
+    for alias in connections:
+        if alias != DEFAULT_DB_ALIAS and connections[alias].in_atomic_block:
+            return str(alias)
+    return None
 
 
 def registered_debounced_tasks() -> list[Any]:
