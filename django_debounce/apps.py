@@ -12,7 +12,11 @@ class DebounceConfig(AppConfig):
     def ready(self) -> None:
         from celery.signals import celeryd_init
 
-        from django_debounce import backends, checks  # noqa: F401  (registers checks, signal hooks)
+        from django_debounce import (  # noqa: F401  (registers checks, signal hooks, the task)
+            backends,
+            canvas,
+            checks,
+        )
         from django_debounce.worker import add_step
 
         celeryd_init.connect(add_step, dispatch_uid="django_debounce.worker")

@@ -23,8 +23,19 @@ from django_debounce.tasks import DebouncedTask
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-# Options Celery's task decorator accepts that are not attributes of ``celery.Task``.
+# Options Celery's task decorator accepts that are not attributes of ``celery.Task``: the
+# decorator's own, and the routing and execution options Celery reads from a task's
+# attributes when it publishes (``celery.app.task.extract_exec_options``).
 _CELERY_DECORATOR_OPTIONS = {
+    "queue",
+    "routing_key",
+    "exchange",
+    "priority",
+    "expires",
+    "delivery_mode",
+    "compression",
+    "immediate",
+    "mandatory",
     "base",
     "bind",
     "shared",
@@ -56,6 +67,28 @@ _OUR_OPTIONS = (
     "sender",
     "call_missing",
 )
+
+
+def _check_expires(expires: Any) -> None:
+    """Refuse an ``expires`` that contradicts debouncing: a dispatch message may wait in its
+    queue up to ``DEBOUNCE_DISPATCH_GRACE`` seconds before the pump publishes it again, so a
+    shorter expiry would drop messages that are only slow (their flight would run a grace
+    later each time); an absolute time would expire every later message."""
+    if expires is None:
+        return
+    if not isinstance(expires, (int, float)) or isinstance(expires, bool):
+        raise ImproperlyConfigured(
+            f"expires= of a debounced task must be a number of seconds, got {expires!r}: an "
+            "absolute time would make every dispatch message after it expire unrun."
+        )
+    grace = conf.seconds_of("DISPATCH_GRACE")
+    if expires < grace:
+        raise ImproperlyConfigured(
+            f"expires={expires!r} is shorter than DEBOUNCE_DISPATCH_GRACE ({grace:g} s), the "
+            "time a dispatch message may wait in its queue before it is published again: "
+            "messages that are only slow would expire and their flights run a grace late. "
+            f"Give expires of at least {grace:g} seconds, or leave it out."
+        )
 
 
 def _check_celery_options(options: dict[str, Any]) -> None:
@@ -204,13 +237,10 @@ def debounced_task(
 
     _check_celery_options(celery_options)
 
+    _check_expires(celery_options.get("expires"))
+
     def decorate(fn: F) -> Any:
         _check_not_async(fn, "debounced_task")
-        if celery_options.get("bind"):
-            raise ImproperlyConfigured(
-                "debounced_task does not support bind=True; declare a keyword-only `debounce` "
-                "parameter to receive run facts."
-            )
         base = celery_options.pop("base", DebouncedTask)
         if not (isinstance(base, type) and issubclass(base, DebouncedTask)):
             raise ImproperlyConfigured("base= must be a subclass of django_debounce DebouncedTask.")
@@ -631,6 +661,12 @@ def debounced_receiver(
     Triggers made in a transaction count when it commits (``on_commit``).
     """
     _check_celery_options(celery_options)
+    _check_expires(celery_options.get("expires"))
+    if celery_options.get("bind"):
+        raise ImproperlyConfigured(
+            "debounced_receiver does not take bind=True: its handler is called with keyword "
+            "arguments only (sender, pk, instance, signal, debounce, ...)."
+        )
     signals = tuple(signal) if isinstance(signal, (list, tuple)) else (signal,)
     for sig in signals:
         if not isinstance(sig, Signal):

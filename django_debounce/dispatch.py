@@ -23,6 +23,7 @@ logger = logging.getLogger("django_debounce")
 # The reserved keyword that marks a message as a dispatch message rather than a plain call.
 DISPATCH_KWARG = "__debounce__"
 VERSION = 2
+LABEL = 80  # characters of the readable key shown by monitoring
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,15 @@ def publish(task: Task, dispatch: Dispatch, producer: Any = None) -> None:
     Celery's ``apply_async`` raises when the broker refuses the message."""
     if is_eager(task):
         return
-    options: dict[str, Any] = {"serializer": "json"}
+    label = dispatch.label or dispatch.key_hash[:12]
+    if len(label) > LABEL:
+        label = label[: LABEL - 1] + "…"
+    options: dict[str, Any] = {
+        "serializer": "json",
+        # what Flower and `celery events` show instead of {"__debounce__": {"k": <sha256>...}}
+        "argsrepr": "()",
+        "kwargsrepr": f"{{'key': {label!r}, 'seq': {dispatch.seq}}}",
+    }
     if dispatch.countdown > 0:
         options["countdown"] = dispatch.countdown
     if producer is not None:

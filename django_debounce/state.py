@@ -49,7 +49,8 @@ class Dispatch:
 
     ``seq`` fences it (only the current sequence may claim); ``store`` names the store that
     issued it (``"d"`` database, ``"r"`` redis); ``task_name`` is set by the pump's ``take``
-    (other steps publish for the task at hand).
+    (other steps publish for the task at hand); ``label`` is what monitoring shows of the key
+    (``kwargsrepr``; the key hash's start when the store does not know it).
     """
 
     key_hash: str
@@ -57,6 +58,7 @@ class Dispatch:
     countdown: float = 0.0
     store: str = "d"
     task_name: str = ""
+    label: str = ""  # the readable key (or a part of it), shown by Flower and `celery events`
 
 
 @dataclass(frozen=True)

@@ -6,9 +6,11 @@ do with each trigger and each dispatch message and does it.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import inspect
 import logging
+import os
 import time
 import traceback
 from collections.abc import Callable
@@ -257,9 +259,40 @@ class DebouncedTask(Task):
         flight waits in the store's due index until a pump publishes it (invariant I8); it
         raises only when no store can record it.
         """
+        _refuse_in_event_loop(self.name, "atrigger")
         key, payload, encoded = self._resolve(args, kwargs)
         return self.trigger_payload(
             key, payload, using=self.alias_of(payload), payload_json=encoded
+        )
+
+    async def atrigger(self, *args: Any, **kwargs: Any) -> TriggerResult:
+        """``trigger()`` for async code (an ``async def`` view, an ASGI app), as Django's
+        ``asave()`` is to ``save()``: the trigger runs in a thread (``sync_to_async``, thread
+        sensitive, so a transaction of the request's thread defers it as ``trigger()``
+        would). Same arguments, result and errors as ``trigger()``."""
+        from asgiref.sync import sync_to_async
+
+        return await sync_to_async(self._trigger_sync, thread_sensitive=True)(*args, **kwargs)
+
+    def _trigger_sync(self, *args: Any, **kwargs: Any) -> TriggerResult:
+        key, payload, encoded = self._resolve(args, kwargs)
+        return self.trigger_payload(
+            key, payload, using=self.alias_of(payload), payload_json=encoded
+        )
+
+    def trigger_s(self, *args: Any, **kwargs: Any) -> Any:
+        """A Celery signature that triggers this task with these arguments when it runs: for
+        a beat schedule, ``send_task``, a ``chain`` or a ``group``, which would otherwise make
+        plain, undebounced runs. It calls the registered task ``django_debounce.trigger``
+        (which triggers only registered debounced tasks, by name), and is immutable (a chain
+        does not pass it the previous result)."""
+        from celery import signature
+
+        return signature(
+            "django_debounce.trigger",
+            args=(self.name, list(args), dict(kwargs)),
+            immutable=True,
+            app=self.app,
         )
 
     def alias_of(self, payload: Any) -> str | None:
@@ -646,7 +679,28 @@ class DebouncedTask(Task):
             )
             return
         if follow is not None and not is_eager(self):
+            if not follow.label:
+                follow = dataclasses.replace(follow, label=claim.key)
             publish_or_release(self, backend, follow)
+
+
+def _refuse_in_event_loop(task_name: str, instead: str) -> None:
+    """Raise Django's ``SynchronousOnlyOperation`` naming the async twin when a sync method is
+    called from a running event loop (an ``async def`` view): the database store, and the
+    Redis store when a flight opens, would block the loop or fail half-way. As Django does,
+    ``DJANGO_ALLOW_ASYNC_UNSAFE`` lifts it."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return
+    if os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE"):
+        return
+    from django.core.exceptions import SynchronousOnlyOperation
+
+    raise SynchronousOnlyOperation(
+        f"{task_name}: trigger() was called from async code (a running event loop); use "
+        f"`await task.{instead}(...)` there, or sync_to_async(task.trigger)."
+    )
 
 
 def deferring_alias(using: str | None) -> str | None:

@@ -751,10 +751,12 @@ class DatabaseBackend(BaseBackend):
             w.runs_end.append((k.pk, run_id, LOST, sql.time(now), "lease ran out"))
         k.events = []
 
-    def _dispatch(self, key_hash: str, msg: Msg | None, task_name: str) -> Dispatch | None:
+    def _dispatch(
+        self, key_hash: str, msg: Msg | None, task_name: str, label: str = ""
+    ) -> Dispatch | None:
         if msg is None:
             return None
-        return Dispatch(key_hash, msg[0], msg[1] / US, self.store, task_name)
+        return Dispatch(key_hash, msg[0], msg[1] / US, self.store, task_name, label[:80])
 
     # -- triggers ---------------------------------------------------------------------------
 
@@ -785,7 +787,7 @@ class DatabaseBackend(BaseBackend):
             sql.run(cursor, w)
         if how == "dropped":
             return TriggerResult(key, k.flight_id, 0, None, False, dropped=True), None
-        dispatch = self._dispatch(key_hash, msg, task_name)
+        dispatch = self._dispatch(key_hash, msg, task_name, key)
         result = TriggerResult(key, k.flight_id, k.pending, to_dt(k.due), dispatch is not None)
         return result, dispatch
 
@@ -851,7 +853,7 @@ class DatabaseBackend(BaseBackend):
                 if entry is not None:
                     entries.append(entry)
                 if msg is not None:
-                    dispatch = self._dispatch(k.key_hash, msg, task)
+                    dispatch = self._dispatch(k.key_hash, msg, task, k.key)
                     assert dispatch is not None
                     dispatches.append(dispatch)
             # the earliest entry left: this batch's new ones, and the others (PostgreSQL
@@ -922,7 +924,7 @@ class DatabaseBackend(BaseBackend):
                     ]
                 )
             sql.run(cursor, w)
-        dispatch = self._dispatch(key_hash, msg, task_name)
+        dispatch = self._dispatch(key_hash, msg, task_name, k.key)
         if claim is None:
             return FireDecision(FireAction(action), dispatch=dispatch)
         payload = claim["payload"] if k.cfg.collect else _json_value(claim["payload"])
@@ -972,7 +974,7 @@ class DatabaseBackend(BaseBackend):
                 w.runs_end.append((k.pk, run_id, outcome, sql.time(at), end.error))
             self._collect(w, sql, k, at)
             sql.run(cursor, w)
-        return self._dispatch(key_hash, msg, task_name)
+        return self._dispatch(key_hash, msg, task_name, k.key)
 
     def heartbeat(self, key_hash, run_id, lease, *, task_name, options, now=None, store=None):
         conn = connections[self.alias]
@@ -1051,7 +1053,7 @@ class DatabaseBackend(BaseBackend):
             w = Writes()
             self._collect(w, sql, k, at)
             sql.run(cursor, w)
-        return self._dispatch(key_hash, msg, task_name)
+        return self._dispatch(key_hash, msg, task_name, k.key)
 
     def cancel(self, key_hash, *, task_name, options, now=None):
         conn = connections[self.alias]

@@ -366,7 +366,7 @@ class RedisBackend(BaseBackend):
         reply = dict(zip(TRIGGER_REPLY, out, strict=True))
         seq = int(reply["seq"])
         dispatch = (
-            Dispatch(key_hash, seq, int(reply["countdown"]) / US, self.store, task_name)
+            Dispatch(key_hash, seq, int(reply["countdown"]) / US, self.store, task_name, key)
             if seq
             else None
         )
@@ -454,7 +454,7 @@ class RedisBackend(BaseBackend):
             reply = dict(zip(TRIGGER_REPLY, out, strict=True))
             seq = int(reply["seq"])
             dispatch = (
-                Dispatch(hashed, seq, int(reply["countdown"]) / US, self.store, task_name)
+                Dispatch(hashed, seq, int(reply["countdown"]) / US, self.store, task_name, key)
                 if seq
                 else None
             )
@@ -676,7 +676,7 @@ class RedisBackend(BaseBackend):
                 ],
             )
             again += int(out[0])
-            for i in range(2, len(out), 3):
+            for i in range(2, len(out), 4):
                 dispatches.append(
                     Dispatch(
                         key_hash_of(_s(out[i])),
@@ -684,6 +684,7 @@ class RedisBackend(BaseBackend):
                         0.0,
                         self.store,
                         names[int(out[i + 2]) - 1],
+                        _s(out[i + 3]),
                     )
                 )
         return Taken(dispatches, again, self.peek(names, now=now))

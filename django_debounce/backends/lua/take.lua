@@ -3,7 +3,8 @@
 -- ARGV[5], the shard's key prefix ("<prefix>{<shard>}:").
 -- ARGV: [1] now_us (0: Redis TIME), [2] limit, [3] retake_us, [4] direct_us, [5] prefix,
 -- [6] n tasks, then per task: name, idle TTL in ms.
--- Returns {again, us until the first entry left ('none': empty), id, seq, task index, ...}.
+-- Returns {again, us until the first entry left ('none': empty), then per dispatch: id, seq,
+-- task index, label (what monitoring shows of the key)}.
 local now = clock()
 local limit = tonumber(ARGV[2])
 local prefix = ARGV[5]
@@ -46,6 +47,9 @@ local extra = nil
       out[#out + 1] = id
       out[#out + 1] = fmt(seq)
       out[#out + 1] = ti
+      -- what monitoring shows of the key: its short readable key, else its arguments
+      local label = redis.call('HGET', c.h, 'k') or redis.call('HGET', c.h, 'pl') or ''
+      out[#out + 1] = string.sub(label, 1, 80)
     end
   end
 end

@@ -1,0 +1,46 @@
+"""The way into debouncing for what can only name a task: a beat schedule, ``send_task``, a
+``chain`` or a ``group`` (docs/guide/integration.md, "Beat, send_task and canvas").
+
+``django_debounce.trigger`` is a registered Celery task that triggers a debounced task by its
+name with its arguments, so ``{"task": "django_debounce.trigger", "args": ["app.rebuild",
+[42]]}`` in ``CELERY_BEAT_SCHEDULE`` debounces where ``{"task": "app.rebuild", "args": [42]}``
+would make a plain run every time. ``task.trigger_s(42)`` builds its signature. Only
+registered debounced task names are triggered (a name read from a message never dispatches an
+arbitrary task).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import shared_task
+
+
+@shared_task(name="django_debounce.trigger", ignore_result=True, serializer="json")
+def trigger(
+    task_name: str, args: list[Any] | None = None, kwargs: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Trigger the registered debounced task ``task_name`` with ``args`` and ``kwargs``.
+
+    Returns the ``TriggerResult`` as a dict (``key``, ``flight_id``, ``pending``, ``due_at``
+    ISO text, ``scheduled``). Raises ``UnknownTask`` when ``task_name`` is not a registered
+    debounced task, and what ``trigger()`` raises (``TypeError`` for arguments that do not
+    fit) — both fail this Celery task, visibly.
+    """
+    from django_debounce.tasks import get_debounced_task
+
+    task = get_debounced_task(str(task_name))
+    if not isinstance(args or [], list) or not isinstance(kwargs or {}, dict):
+        raise TypeError(
+            "django_debounce.trigger takes (task name, list of arguments, dict of keyword "
+            f"arguments), got args={args!r} kwargs={kwargs!r}."
+        )
+    result = task.trigger(*(args or []), **(kwargs or {}))
+    return {
+        "key": result.key,
+        "flight_id": result.flight_id,
+        "pending": result.pending,
+        "due_at": result.due_at.isoformat() if result.due_at else None,
+        "scheduled": result.scheduled,
+        "deferred": result.deferred,
+    }
