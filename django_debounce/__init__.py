@@ -7,7 +7,7 @@ Public API (docs/design.md, "Public API"): ``debounced_task``, ``debounced_recei
 from typing import TYPE_CHECKING, Any
 
 __all__ = ["debounced_task", "debounced_receiver", "trigger_many", "TriggerResult", "RunInfo"]
-__version__ = "0.1.0"
+__version__ = "0.2.0.dev0"
 
 if TYPE_CHECKING:
     from django_debounce.decorators import debounced_receiver, debounced_task, trigger_many
