@@ -49,6 +49,9 @@ def check_backend(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMe
         )
         return errors
     alias = conf.get("CACHE_ALIAS")
+    own_client = bool(conf.get("REDIS_URL") or conf.get("REDIS_CLUSTER"))
+    if own_client:
+        return errors  # the Redis store has a client of its own: the cache alias is not used
     if value == "auto" and isinstance(alias, str) and alias not in settings.CACHES:
         errors.append(
             checks.Warning(

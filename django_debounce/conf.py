@@ -85,6 +85,9 @@ def _reset(*, setting: str, **kwargs: Any) -> None:
         _cache.clear()
 
 
+# The shortest DEBOUNCE_PUMP_INTERVAL (a pump that never sleeps would spin on its store).
+MIN_INTERVAL = 0.01
+
 # The longest duration any setting or option may have (a year): longer is a mistake, and
 # the stores count time in integer microseconds that must stay exact in a Lua number.
 MAX_SECONDS = 365 * 86400.0
@@ -160,12 +163,54 @@ def problems() -> list[tuple[str, str]]:
                     f"{type(value).__name__} (a string such as 'false' counts as true).",
                 )
             )
-    limit = get("MAX_PAYLOAD")
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+    for name, unit in (("MAX_PAYLOAD", "bytes"), ("PUMP_BATCH", "entries per take")):
+        value = get(name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            out.append(
+                (
+                    f"DEBOUNCE_{name}",
+                    f"DEBOUNCE_{name} must be a positive int ({unit}), got {value!r}.",
+                )
+            )
+    cap = get("PUMP_QUEUE_CAP")
+    if isinstance(cap, bool) or not isinstance(cap, int) or cap < 0:
         out.append(
             (
-                "DEBOUNCE_MAX_PAYLOAD",
-                f"DEBOUNCE_MAX_PAYLOAD must be a positive int (bytes), got {limit!r}.",
+                "DEBOUNCE_PUMP_QUEUE_CAP",
+                f"DEBOUNCE_PUMP_QUEUE_CAP must be an int >= 0 (messages; 0: no cap), got {cap!r}.",
+            )
+        )
+    if "DEBOUNCE_PUMP_INTERVAL" not in dict(out) and seconds_of("PUMP_INTERVAL") < MIN_INTERVAL:
+        out.append(
+            (
+                "DEBOUNCE_PUMP_INTERVAL",
+                f"DEBOUNCE_PUMP_INTERVAL must be at least {MIN_INTERVAL} seconds (a pump sleeps "
+                "that long at most between two looks at the due index).",
+            )
+        )
+    prefix = get("REDIS_PREFIX")
+    if not isinstance(prefix, str) or not prefix or "{" in prefix or "}" in prefix:
+        out.append(
+            (
+                "DEBOUNCE_REDIS_PREFIX",
+                f"DEBOUNCE_REDIS_PREFIX must be a non-empty str without braces, got {prefix!r}.",
+            )
+        )
+    url = get("REDIS_URL")
+    if url is not None and not (isinstance(url, str) and "://" in url):
+        out.append(
+            ("DEBOUNCE_REDIS_URL", f"DEBOUNCE_REDIS_URL must be a redis:// URL, got {url!r}.")
+        )
+    cluster = get("REDIS_CLUSTER")
+    if cluster is not None and not (
+        isinstance(cluster, str)
+        or (isinstance(cluster, (list, tuple)) and cluster and all(":" in str(n) for n in cluster))
+    ):
+        out.append(
+            (
+                "DEBOUNCE_REDIS_CLUSTER",
+                "DEBOUNCE_REDIS_CLUSTER must be a list of 'host:port' startup nodes or a "
+                f"redis:// URL of one, got {cluster!r}.",
             )
         )
     if not isinstance(get("CACHE_ALIAS"), str):

@@ -24,6 +24,7 @@ logger = logging.getLogger("django_debounce")
 DISPATCH_KWARG = "__debounce__"
 VERSION = 2
 LABEL = 80  # characters of the readable key shown by monitoring
+RETRY_POLICY = {"max_retries": 1, "interval_start": 0, "interval_step": 0.1, "interval_max": 0.1}
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,9 @@ def publish(task: Task, dispatch: Dispatch, producer: Any = None) -> None:
         options["countdown"] = dispatch.countdown
     if producer is not None:
         options["producer"] = producer
+    # one quick retry (a dropped connection), not Celery's default three: a refused message
+    # is released to the due index, so nothing waits on a broker that is down
+    options["retry_policy"] = RETRY_POLICY
     task.apply_async(kwargs={DISPATCH_KWARG: message_of(dispatch)}, **options)
 
 

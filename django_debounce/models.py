@@ -214,6 +214,9 @@ class DebounceKey(models.Model):
     run_seq = models.PositiveBigIntegerField(
         _("message of live run"),
         default=0,
+        # a database default too: during a rolling deploy, the previous release creates rows
+        # without this column (it does not know it)
+        db_default=0,
         help_text=_(
             "Sequence of the dispatch message that claimed the live run (0: claimed in "
             "process): the lease keeper extends the lease of the run its message claimed."

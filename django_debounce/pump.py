@@ -103,7 +103,7 @@ class Pump:
         with ``recheck``) it also compares overdue durable records with Redis and rebuilds
         flights whose Redis state was lost."""
         started = time.monotonic()
-        interval = conf.seconds_of("PUMP_INTERVAL")
+        interval = max(conf.seconds_of("PUMP_INTERVAL"), conf.MIN_INTERVAL)
         batch = int(conf.get("PUMP_BATCH"))
         sleep = interval
         groups = self.groups()
@@ -159,10 +159,13 @@ class Pump:
         failed: list[Dispatch] = []
         sent = 0
         app = self.app or next(iter(tasks.values())).app
+        broker_down = False
         with app.producer_or_acquire() as producer:
             for dispatch in dispatches:
                 task = tasks.get(dispatch.task_name)
-                if task is None:  # the store gave a task this pump did not ask for
+                if task is None or broker_down:
+                    # a task this pump did not ask for, or the broker refused a message of
+                    # this batch already: the rest waits in the index (no retry storm)
                     failed.append(dispatch)
                     continue
                 try:
@@ -170,12 +173,13 @@ class Pump:
                     sent += 1
                 except Exception as exc:
                     logger.warning(
-                        "django_debounce: pump could not publish %s (%s); the flight waits in "
-                        "the due index",
+                        "django_debounce: pump could not publish %s (%s); its flights wait in "
+                        "the due index until the broker takes messages again",
                         dispatch.task_name,
                         exc,
                     )
                     failed.append(dispatch)
+                    broker_down = True
         if failed:
             try:
                 backend.release(failed)
@@ -224,7 +228,11 @@ class Pump:
 
         while not self._stop.is_set():
             close_old_connections()
-            sleep = self.tick()
+            try:
+                sleep = self.tick()
+            except Exception:  # a bad setting, a store down: log, wait, try again
+                logger.exception("django_debounce: pump tick failed")
+                sleep = 1.0
             if sleep > 0:
                 self._stop.wait(sleep * (1 + random.random() * 0.1))
             elif not self._stop.is_set():

@@ -22,8 +22,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from datetime import datetime, timedelta
-from datetime import timezone as dt_timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.db import DatabaseError, transaction
@@ -39,7 +38,7 @@ BATCH = 1000
 def _dt(us: int) -> datetime | None:
     if us <= 0:
         return None
-    return datetime.fromtimestamp(us / US, tz=dt_timezone.utc)
+    return datetime.fromtimestamp(us / US, tz=UTC)
 
 
 @dataclass

@@ -9,7 +9,7 @@ from datetime import datetime
 from typing import Any
 
 
-class KeyState(str, enum.Enum):
+class KeyState(enum.StrEnum):
     """Coarse state of a key, as shown in the admin."""
 
     IDLE = "idle"
@@ -129,7 +129,7 @@ class Claim:
     attempt: int = 0
 
 
-class FireAction(str, enum.Enum):
+class FireAction(enum.StrEnum):
     """What the worker does with a dispatch message (decided by the store)."""
 
     DROP = "drop"  # stale sequence, cancelled flight, nothing pending
@@ -155,7 +155,8 @@ class RunInfo:
     ``triggers`` is how many triggers this run covers (``merged = triggers - 1``);
     ``first_trigger_at``/``last_trigger_at`` are aware UTC datetimes; ``attempt`` counts
     the retries made before this run (0: first try, as Celery's ``request.retries``).
-    Call ``heartbeat()`` from long runs to extend the lease (DEBOUNCE_LEASE seconds).
+    In a worker the lease keeper extends the lease while the body runs; ``heartbeat()``
+    extends it by hand (by the task's lease) and says whether the run still holds it.
     """
 
     key: str

@@ -15,8 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
-from datetime import timezone as dt_timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.utils.dateparse import parse_datetime
@@ -27,7 +26,7 @@ KEY = DebounceKey._meta.db_table
 DUE = DebounceDue._meta.db_table
 RUN = DebounceRun._meta.db_table
 
-EPOCH = datetime(1970, 1, 1, tzinfo=dt_timezone.utc)
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 ONE_US = timedelta(microseconds=1)
 
 # Kinds of columns, named by their PostgreSQL type (the element type of a batch's arrays).
@@ -107,7 +106,7 @@ def to_us(value: datetime | str | None) -> int | None:
     at = parse_datetime(value) if isinstance(value, str) else value
     assert at is not None, value
     if at.tzinfo is None:
-        at = at.replace(tzinfo=dt_timezone.utc)
+        at = at.replace(tzinfo=UTC)
     return (at - EPOCH) // ONE_US
 
 

@@ -19,8 +19,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass
-from datetime import datetime, timedelta
-from datetime import timezone as dt_timezone
+from datetime import UTC, datetime, timedelta
 from functools import cache
 from typing import Any
 
@@ -34,7 +33,7 @@ US = 1_000_000
 def _dt(us: int) -> datetime | None:
     if us <= 0:
         return None
-    return datetime.fromtimestamp(us / US, tz=dt_timezone.utc)
+    return datetime.fromtimestamp(us / US, tz=UTC)
 
 
 def alias() -> str:

@@ -25,8 +25,7 @@ import os
 import threading
 from collections import defaultdict
 from collections.abc import Sequence
-from datetime import datetime
-from datetime import timezone as dt_timezone
+from datetime import UTC, datetime
 from functools import cached_property
 from importlib import resources
 from typing import Any
@@ -107,7 +106,7 @@ def _dt(us: int | str | bytes) -> datetime | None:
     us = int(us)
     if us <= 0:
         return None
-    return datetime.fromtimestamp(us / US, tz=dt_timezone.utc)
+    return datetime.fromtimestamp(us / US, tz=UTC)
 
 
 def _us(value: datetime) -> int:

@@ -40,7 +40,7 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='debouncekey',
             name='run_seq',
-            field=models.PositiveBigIntegerField(default=0, help_text='Sequence of the dispatch message that claimed the live run (0: claimed in process): the lease keeper extends the lease of the run its message claimed.', verbose_name='message of live run'),
+            field=models.PositiveBigIntegerField(db_default=0, default=0, help_text='Sequence of the dispatch message that claimed the live run (0: claimed in process): the lease keeper extends the lease of the run its message claimed.', verbose_name='message of live run'),
         ),
         AddIndexConcurrentlyOnPostgres(
             model_name='debouncekey',
