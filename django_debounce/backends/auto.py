@@ -253,7 +253,13 @@ class AutoBackend(BaseBackend):
     def flush(self, key_hash, *, task_name, options, now=None):
         redis = self._usable()
         if redis is not None:
-            dispatch = redis.flush(key_hash, task_name=task_name, options=options, now=now)
+            try:
+                dispatch = redis.flush(key_hash, task_name=task_name, options=options, now=now)
+            except self.errors as exc:
+                if not redis_unavailable(exc):
+                    raise
+                self._failed(exc)
+                redis, dispatch = None, None
             if dispatch is not None:
                 return dispatch
         # The row is the database store's state only when that store owns it; a row mirrored
@@ -264,11 +270,15 @@ class AutoBackend(BaseBackend):
 
     def cancel(self, key_hash, *, task_name, options, now=None):
         redis = self._usable()
-        dropped = (
-            redis.cancel(key_hash, task_name=task_name, options=options, now=now)
-            if redis is not None
-            else 0
-        )
+        dropped = 0
+        if redis is not None:
+            try:
+                dropped = redis.cancel(key_hash, task_name=task_name, options=options, now=now)
+            except self.errors as exc:
+                if not redis_unavailable(exc):
+                    raise
+                self._failed(exc)
+                redis = None
         if redis is None or self._database_owns(key_hash):
             dropped += self.database.cancel(key_hash, task_name=task_name, options=options, now=now)
         return dropped

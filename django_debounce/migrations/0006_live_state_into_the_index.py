@@ -30,14 +30,14 @@ def forwards(apps, schema_editor):
             break
         DebounceKey.objects.using(db).filter(pk__in=pks).update(recheck_at=now)
     rows = live.filter(store="database").values_list("key_hash", "task_name")
-    entries = [
-        DebounceDue(key_hash=h, task_name=t, due_at=now)
-        for h, t in rows.iterator(chunk_size=BATCH)
-    ]
-    for start in range(0, len(entries), BATCH):
-        DebounceDue.objects.using(db).bulk_create(
-            entries[start : start + BATCH], ignore_conflicts=True
-        )
+    batch = []
+    for h, t in rows.iterator(chunk_size=BATCH):
+        batch.append(DebounceDue(key_hash=h, task_name=t, due_at=now))
+        if len(batch) == BATCH:
+            DebounceDue.objects.using(db).bulk_create(batch, ignore_conflicts=True)
+            batch = []
+    if batch:
+        DebounceDue.objects.using(db).bulk_create(batch, ignore_conflicts=True)
 
 
 class Migration(migrations.Migration):
