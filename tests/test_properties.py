@@ -980,3 +980,32 @@ def test_no_worker_runs_beside_the_property_test() -> None:
     finally:
         worker.stop()
     assert StoreAgainstModel().keys == []
+
+
+def test_taking_back_a_trigger_keeps_the_same_item_of_a_run_that_rejoined(store: str) -> None:
+    """Found by a long randomised run. A collected flight's trigger is taken back while a run
+    that rejoined the flight meanwhile (a retry) brought the same item: the item stays, as the
+    run's trigger still needs it (it used to go, and that trigger was never run, I1)."""
+    cfg = Config(
+        wait=0,
+        max_wait=None,
+        leading=False,
+        trailing=True,
+        overlap=False,
+        collect_limit=2,
+        lease=US,
+    )
+    with override_settings(DEBOUNCE_DISPATCH_GRACE=GRACE / US, DEBOUNCE_REDIS_TTL=86400):
+        machine = StoreAgainstModel()
+        machine.setup([cfg])
+        for value in (10, 1, 2):  # a full batch (10, 1) and the rest (2)
+            machine.trigger(0, value)
+        machine.deliver_on_time(0)  # the run takes 10 and 1; 2 stays pending, no message
+        machine.agrees_with_the_model()
+        assert machine.keys[0].model.run_payload == [10, 1]
+        # a trigger of 1 publishes the lease watchdog, which fails; the run is retried before
+        # the trigger is taken back: its 10 and 1 rejoin the flight, 1 already there
+        machine.trigger_publish_fails(0, 1, [("finish", "retry")])
+        assert sorted(machine.keys[0].model.payload, key=str) == [1, 10, 2]
+        machine.agrees_with_the_model()
+        machine.teardown()

@@ -350,6 +350,43 @@ def test_abort_after_a_retry_rejoined_the_flight_keeps_the_run_items(store):
     assert claim.payload == ["x", "w"] and claim.triggers == 2
 
 
+def test_abort_after_a_retry_rejoined_the_flight_keeps_the_runs_same_item(store):
+    # As above, the aborted trigger's item being the run's own: the item the trigger added
+    # came back with the run's trigger, which still needs it. It used to go all the same
+    # (nothing came after the aborted trigger), and the run's trigger was never run (I1).
+    backend = get_backend()
+    t0 = timezone.now()
+
+    def item(value, at):
+        return backend.trigger(
+            task_name="testapp.record",
+            key="edge",
+            key_hash=H,
+            payload=value,
+            payload_json=dumps(value),
+            wait=1,
+            max_wait=None,
+            overlap=True,
+            collect_limit=10,
+            now=t0 + timedelta(seconds=at),
+        )
+
+    def at(seconds):
+        return t0 + timedelta(seconds=seconds)
+
+    item("x", 0)
+    run = backend.fire(H, None, overlap=True, lease=600, now=at(1), collect_limit=10).claim
+    assert run is not None and run.payload == ["x"]
+    item("w", 1.1)  # a flight of its own (overlap); its message goes missing
+    _x, dispatch, undo = item("x", 90)  # adds "x" again, publishes anew (overdue), and fails
+    assert dispatch is not None
+    backend.finish(H, run.run_id, ok=False, retry_in=0, now=at(90.1))  # the run's "x" rejoins
+    backend.abort_trigger(H, dispatch.seq, {**undo, "kind": dispatch.kind})
+    claim = backend.fire(H, None, overlap=True, lease=600, now=at(95), collect_limit=10).claim
+    assert claim is not None
+    assert claim.payload == ["x", "w"] and claim.triggers == 2
+
+
 def test_abort_after_a_retry_rejoined_the_flight_keeps_the_backoff(store):
     # As above, with a backoff: the due time put back from before the aborted trigger was
     # earlier than the retry's not_before, so the retry could run before its countdown.

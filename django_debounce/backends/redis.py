@@ -455,6 +455,7 @@ class RedisBackend(BaseBackend):
             "due_fixed": int(prev_df),
             "added": int(added),
             "item": encoded,
+            "pending": int(pending),
         }
         return result, dispatch, undo
 
@@ -477,6 +478,7 @@ class RedisBackend(BaseBackend):
                 undo.get("due_fixed", 0),
                 undo.get("added", 0),
                 undo.get("item", ""),
+                undo.get("pending", 0),
             ],
         )
         if int(out[0]):
