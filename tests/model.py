@@ -294,11 +294,14 @@ class KeyModel:
             self.flight_id, self.pending, self.due, dispatch is not None and dispatch.kind == "fire"
         )
         undo["pending"] = self.pending
+        undo["flight"] = self.flight_id
         return out, dispatch, undo
 
     def abort_trigger(self, seq: int, undo: dict[str, Any], kind: str) -> bool:
-        """Returns whether the trigger was taken back (its message still the current one)."""
-        if not self.exists or self.pending == 0:
+        """Returns whether the trigger was taken back (its message still the current one, its
+        flight still the pending one: a lease watchdog stays parked after its run, so its
+        time alone does not tell that the trigger's flight ran meanwhile)."""
+        if not self.exists or self.pending == 0 or self.flight_id != undo["flight"]:
             return False
         if kind == "watch":
             if self.watchdog_at != seq:

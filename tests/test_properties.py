@@ -451,14 +451,16 @@ class StoreAgainstModel(RuleBasedStateMachine):
                 st.tuples(st.just("trigger"), st.sampled_from(VALUES)),
                 st.tuples(st.just("finish"), st.sampled_from(["ok", "retry", "fail"])),
                 st.tuples(st.just("recover"), st.just(None)),
+                st.tuples(st.just("claim"), st.booleans()),
             ),
-            max_size=2,
+            max_size=3,
         ),
     )
     def trigger_publish_fails(self, k: int, value: Any, merged: list[tuple[str, Any]]) -> None:
         """The broker refuses the trigger's message; before the caller takes it back with
         ``abort_trigger`` (I8), other processes act on the key: ``merged`` triggers, a run
-        of the key finishing, a recovery."""
+        of the key finishing, a recovery, a claim (the key's next message delivered on time,
+        or ``run_due``: after a finish, the trigger's own flight may run meanwhile)."""
         key = self.keys[k % len(self.keys)]
         model = key.model
         recovers = model.running_until is not None and model.running_until <= self.now
@@ -473,6 +475,12 @@ class StoreAgainstModel(RuleBasedStateMachine):
                 self.finish(self.running.index(runs[0]), arg, 2 * US)
             elif what == "recover":
                 self.recover(GRACE)
+            elif what == "claim":
+                waiting = [m for m in self.pool if m.key == key.index]
+                if arg and waiting:
+                    self.deliver_on_time(self.pool.index(min(waiting, key=lambda m: m.due)))
+                else:
+                    self.run_due(key.index)
             else:
                 other = arg if what == "trigger" else value
                 _r2, d2, _u2, md2, _mu2, now2 = self.do_trigger(key, other)
@@ -1007,5 +1015,33 @@ def test_taking_back_a_trigger_keeps_the_same_item_of_a_run_that_rejoined(store:
         # the trigger is taken back: its 10 and 1 rejoin the flight, 1 already there
         machine.trigger_publish_fails(0, 1, [("finish", "retry")])
         assert sorted(machine.keys[0].model.payload, key=str) == [1, 10, 2]
+        machine.agrees_with_the_model()
+        machine.teardown()
+
+
+def test_taking_back_a_watchdog_trigger_whose_flight_ran_meanwhile(store: str) -> None:
+    """Found by reading abort.lua. A trigger during a run publishes the lease watchdog, which
+    fails; before the caller takes the trigger back, the run finishes, the trigger's flight
+    runs (its message delivered), and a new trigger opens the next flight, merged as the
+    watchdog is still parked. Taking the first trigger back must leave the new one alone (it
+    used to take it instead: its flight closed, and it never ran, I1)."""
+    cfg = Config(
+        wait=0,
+        max_wait=None,
+        leading=False,
+        trailing=True,
+        overlap=False,
+        collect_limit=None,
+        lease=10 * US,
+    )
+    with override_settings(DEBOUNCE_DISPATCH_GRACE=GRACE / US, DEBOUNCE_REDIS_TTL=86400):
+        machine = StoreAgainstModel()
+        machine.setup([cfg])
+        machine.trigger(0, 1)
+        machine.deliver_on_time(0)
+        assert machine.running
+        machine.trigger_publish_fails(0, 2, [("finish", "ok"), ("claim", True), ("trigger", 10)])
+        model = machine.keys[0].model
+        assert (model.pending, model.flight_id, model.run_triggers) == (1, 3, 1)
         machine.agrees_with_the_model()
         machine.teardown()

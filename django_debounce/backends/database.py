@@ -247,6 +247,7 @@ class DatabaseBackend(BaseBackend):
             row.triggers += 1
             row.last_trigger_at = now
             undo["pending"] = row.pending
+            undo["flight"] = row.flight_id
             full = False
             if collect_limit is not None:
                 items = list(row.payload or [])
@@ -303,6 +304,8 @@ class DatabaseBackend(BaseBackend):
             row, _now = self._lock(key_hash)
             if row is None or row.pending == 0:
                 return
+            if undo.get("flight") is not None and row.flight_id != undo["flight"]:
+                return  # its flight ran meanwhile (a parked lease watchdog outlives its run)
             if undo.get("kind") == "watch":
                 if row.watchdog_at is None or _us(row.watchdog_at) != seq:
                     return

@@ -456,6 +456,7 @@ class RedisBackend(BaseBackend):
             "added": int(added),
             "item": encoded,
             "pending": int(pending),
+            "flight": int(flight_id),
         }
         return result, dispatch, undo
 
@@ -479,6 +480,7 @@ class RedisBackend(BaseBackend):
                 undo.get("added", 0),
                 undo.get("item", ""),
                 undo.get("pending", 0),
+                undo.get("flight", 0),
             ],
         )
         if int(out[0]):

@@ -3,13 +3,18 @@
 --       grace_us, ttl_ms, kind ('fire': seq is the flight message's; 'watch': seq is the
 --       watchdog's time), at_us (the time of the trigger taken back), prev_due_fixed (0/1),
 --       added (1: the trigger added its item to a collected flight), item,
---       pending (the flight's pending triggers as the trigger left them)
+--       pending (the flight's pending triggers as the trigger left them), flight (the
+--       trigger's flight id; 0: unknown)
 -- Returns {1, snapshot} or {0}.
 local h = KEYS[1]
 if redis.call('EXISTS', h) == 0 then return {0} end
 local now = clock()
 local s = load_state(h)
 if s.p == 0 then return {0} end
+-- the trigger's flight ran meanwhile (a parked lease watchdog outlives its run): the pending
+-- triggers are others
+local flight = tonumber(ARGV[15]) or 0
+if flight > 0 and s.f ~= flight then return {0} end
 if ARGV[9] == 'watch' then
   if s.wa ~= tonumber(ARGV[2]) then return {0} end
   s.wa = 0
