@@ -34,7 +34,9 @@ Where the brief's wording broke an invariant, or left a point open, the model se
   merged meanwhile, or a run rejoined the flight (a retry, a lost lease: its items may include
   the same one), its item goes only if the flight still holds one item per pending trigger
   (otherwise a merged trigger or the run may have sent it too, and it stays: a run too many
-  rather than a trigger lost, I1);
+  rather than a trigger lost, I1); it takes a trigger back only while the trigger's flight
+  is the pending one (a parked lease watchdog outlives its run: its time alone does not tell
+  that the flight ran meanwhile);
 - ``cancel`` clears the key's last trigger time, as lodash's ``cancel()`` does (both stores).
 """
 

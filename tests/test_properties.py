@@ -3,11 +3,12 @@ model of ``tests/model.py`` under the same random sequence of operations.
 
 Hypothesis draws one or two keys, each with its own task configuration (wait, max_wait,
 leading, trailing, overlap, collect with a small collect_limit, lease) and a sequence of:
-triggers (some whose publish fails, with other triggers merging before the caller takes it
-back), steps of a fake clock, deliveries of published messages (on time, early, twice, out of
-order, stale; watchdogs too), in-process claims (``run_due``), finishes (ok, retry after a
-backoff, final failure), heartbeats, crashes (a claimed run that never finishes), lost
-messages, flush, cancel, recover, and operations at exactly a lease's end.
+triggers (some whose publish fails, with other triggers merging, a run finishing, a recovery
+or a claim before the caller takes it back), steps of a fake clock, deliveries of published
+messages (on time, early, twice, out of order, stale; watchdogs too), in-process claims
+(``run_due``), finishes (ok, retry after a backoff, final failure), heartbeats, crashes (a
+claimed run that never finishes), lost messages, flush, cancel, recover, and operations at
+exactly a lease's end.
 
 After every operation the store's answers are compared with the model's (``TriggerResult``,
 ``Dispatch`` kind/seq/countdown, ``FireDecision`` action, every ``Claim`` field), the store's
