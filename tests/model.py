@@ -31,9 +31,12 @@ Where the brief's wording broke an invariant, or left a point open, the model se
 - ``abort_trigger`` that closes the flight puts back the key's last trigger time (I8: the
   next trigger's edge depends on it); when nothing came after the aborted trigger, collected
   items lose only its own item and a retry backoff that began since is kept; when triggers
-  merged meanwhile, its item goes only if the flight still holds one item per pending trigger
-  (otherwise a merged trigger may have sent it again, and it stays: a run too many rather
-  than a trigger lost, I1);
+  merged meanwhile, or a run rejoined the flight (a retry, a lost lease: its items may include
+  the same one), its item goes only if the flight still holds one item per pending trigger
+  (otherwise a merged trigger or the run may have sent it too, and it stays: a run too many
+  rather than a trigger lost, I1); it takes a trigger back only while the trigger's flight
+  is the pending one (a parked lease watchdog outlives its run: its time alone does not tell
+  that the flight ran meanwhile);
 - ``cancel`` clears the key's last trigger time, as lodash's ``cancel()`` does (both stores),
   whatever the flight's state: also when nothing is pending (it returns 0) and while a run is
   live, so the next trigger of a ``leading=True`` task leads at once (issue 15).
@@ -317,11 +320,15 @@ class KeyModel:
         out = TriggerOut(
             self.flight_id, self.pending, self.due, dispatch is not None and dispatch.kind == "fire"
         )
+        undo["pending"] = self.pending
+        undo["flight"] = self.flight_id
         return out, dispatch, undo
 
     def abort_trigger(self, seq: int, undo: dict[str, Any], kind: str) -> bool:
-        """Returns whether the trigger was taken back (its message still the current one)."""
-        if not self.exists or self.pending == 0:
+        """Returns whether the trigger was taken back (its message still the current one, its
+        flight still the pending one: a lease watchdog stays parked after its run, so its
+        time alone does not tell that the trigger's flight ran meanwhile)."""
+        if not self.exists or self.pending == 0 or self.flight_id != undo["flight"]:
             return False
         if kind == "watch":
             if self.watchdog_at != seq:
@@ -334,6 +341,7 @@ class KeyModel:
             self.scheduled_at = None
         self.pending -= 1
         self.triggers -= 1
+        restored = False
         if self.pending == 0:
             # the flight closes; the key is as before the trigger (I8), its last trigger time
             # included (the next trigger's edge depends on it)
@@ -345,21 +353,24 @@ class KeyModel:
             self.last = undo["last"]
         elif self.made == undo["made"] and undo["due"] is not None:
             # no trigger came after it: the flight is as it was before it (collected items:
-            # only its own goes, as runs that rejoined the flight since may have added some)
+            # see below, as runs that rejoined the flight since may have added some)
             if not self.cfg.collect:
                 self.payload = copy.deepcopy(undo["payload"])
-            elif undo["added"]:
-                self.payload = [i for i in self.payload or [] if canon(i) != canon(undo["item"])]
             self.last = undo["last"]
             self.due = undo["due"]
             if self.not_before is not None:  # a retry's backoff that began since
                 self.due = max(self.due, self.not_before)
             self.due_fixed = undo["due_fixed"]
-        elif undo["added"] and self.cfg.collect and len(self.payload or []) == self.pending + 1:
-            # later triggers merged meanwhile, each with an item of its own (one item per
-            # pending trigger), so none of them sent this item again: it goes. Otherwise one
-            # may have, and the item stays: a run too many rather than a trigger lost (I1).
-            self.payload = [i for i in self.payload or [] if canon(i) != canon(undo["item"])]
+            restored = True
+        if self.pending and self.cfg.collect and undo["added"]:
+            # The item it added goes when no pending trigger can have it too: nothing came
+            # after it, nor did a run rejoin the flight (pending as the trigger left it; a
+            # run's items may include it); or the flight holds one item per pending trigger,
+            # so none of them sent it again. Otherwise it stays: a run too many rather than
+            # a trigger lost (I1).
+            alone = restored and self.pending + 1 == undo["pending"]
+            if alone or len(self.payload or []) == self.pending + 1:
+                self.payload = [i for i in self.payload or [] if canon(i) != canon(undo["item"])]
         return True
 
     def fire(self, now: int, seq: int | None) -> FireOut:

@@ -255,6 +255,8 @@ class DatabaseBackend(BaseBackend):
             row.pending += 1
             row.triggers += 1
             row.last_trigger_at = now
+            undo["pending"] = row.pending
+            undo["flight"] = row.flight_id
             full = False
             if collect_limit is not None:
                 items = list(row.payload or [])
@@ -313,6 +315,8 @@ class DatabaseBackend(BaseBackend):
             row, _now = self._lock(key_hash)
             if row is None or row.pending == 0:
                 return
+            if undo.get("flight") is not None and row.flight_id != undo["flight"]:
+                return  # its flight ran meanwhile (a parked lease watchdog outlives its run)
             if undo.get("kind") == "watch":
                 if row.watchdog_at is None or _us(row.watchdog_at) != seq:
                     return
@@ -324,6 +328,7 @@ class DatabaseBackend(BaseBackend):
                 row.scheduled_at = None
             row.pending -= 1
             row.triggers -= 1
+            restored = False
             if row.pending == 0:
                 row.flight_id -= 1 if undo["opened"] else 0
                 row.first_trigger_at = row.due_at = row.anchor_at = None
@@ -332,27 +337,25 @@ class DatabaseBackend(BaseBackend):
                 row.payload = None
                 row.due_fixed = False
             elif row.last_trigger_at == undo["at"] and undo["due_at"] is not None:
-                # No trigger came after the one taken back: the flight is as it was before it.
-                # Collected items: only its own goes (a retried or lost run's items may have
-                # rejoined the flight since).
+                # No trigger came after the one taken back: the flight is as it was before it
+                # (collected items: see below).
                 if not isinstance(row.payload, list):
                     row.payload = undo["payload"]
-                elif undo.get("added"):
-                    row.payload = [i for i in row.payload if dumps(i) != dumps(undo["item"])]
                 row.last_trigger_at = undo["last_trigger_at"]
                 row.due_at = undo["due_at"]
                 if row.not_before is not None:  # a retry's backoff that began since
                     row.due_at = max(row.due_at, row.not_before)
                 row.due_fixed = undo.get("due_fixed", row.due_fixed)
-            elif (
-                undo.get("added")
-                and isinstance(row.payload, list)
-                and len(row.payload) == row.pending + 1
-            ):
-                # Later triggers merged meanwhile, each adding an item of its own (one item per
-                # pending trigger), so none sent this item again: only it goes. Otherwise one
-                # may have, and the item stays (a run of it rather than a trigger lost, I1).
-                row.payload = [i for i in row.payload if dumps(i) != dumps(undo["item"])]
+                restored = True
+            if row.pending and undo.get("added") and isinstance(row.payload, list):
+                # The item it added goes when no pending trigger can have it too: nothing came
+                # after it, nor did a run rejoin the flight (pending as the trigger left it: a
+                # retried or lost run's items may include it); or the flight holds one item
+                # per pending trigger, so none sent it again. Otherwise it stays (a run of it
+                # rather than a trigger lost, I1).
+                alone = restored and row.pending + 1 == undo.get("pending")
+                if alone or len(row.payload) == row.pending + 1:
+                    row.payload = [i for i in row.payload if dumps(i) != dumps(undo["item"])]
             # Otherwise later triggers merged meanwhile (believing a message was out): they keep
             # their payload and due time, and with no message outstanding now, the next trigger
             # or recovery publishes one for them.

@@ -457,6 +457,8 @@ class RedisBackend(BaseBackend):
             "due_fixed": int(prev_df),
             "added": int(added),
             "item": encoded,
+            "pending": int(pending),
+            "flight": int(flight_id),
         }
         return result, dispatch, undo
 
@@ -479,6 +481,8 @@ class RedisBackend(BaseBackend):
                 undo.get("due_fixed", 0),
                 undo.get("added", 0),
                 undo.get("item", ""),
+                undo.get("pending", 0),
+                undo.get("flight", 0),
             ],
         )
         if int(out[0]):
