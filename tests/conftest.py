@@ -14,7 +14,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 import redis
@@ -69,6 +69,9 @@ def broker() -> redis.Redis:
 class Worker:
     """A real ``celery worker`` (prefork) subprocess running the test app's tasks."""
 
+    # The workers of this session that were started and not stopped since (``no_workers``).
+    live: ClassVar[set[Worker]] = set()
+
     def __init__(
         self, concurrency: int = 4, queue: str = "debounce-tests", env: dict[str, str] | None = None
     ) -> None:
@@ -92,6 +95,9 @@ class Worker:
             **self.env,
         )
         self._out = open(self.log, "ab")  # noqa: SIM115
+        # The log file is shared by every start of a worker of this queue in this session:
+        # only a "ready." written after this start counts (a restart must wait for its own).
+        self._log_from = os.path.getsize(self.log)
         self.proc = subprocess.Popen(
             [
                 sys.executable,
@@ -120,6 +126,7 @@ class Worker:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+        Worker.live.add(self)
         wait_for(self._ready, timeout=60, interval=0.2, message="the Celery worker to be ready")
 
     def _ready(self) -> bool:
@@ -129,18 +136,27 @@ class Worker:
                 f"Celery worker exited with {self.proc.returncode}; see {self.log}:\n"
                 + self.log.read_text()[-3000:]
             )
-        return b"ready." in self.log.read_bytes()
+        with open(self.log, "rb") as log:
+            log.seek(self._log_from)
+            return b"ready." in log.read()
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
 
     def kill(self) -> None:
         """SIGKILL the worker and its pool processes: runs in progress die mid-body."""
         assert self.proc is not None
+        Worker.live.discard(self)
         os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
         self._out.close()
 
     def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
+        Worker.live.discard(self)
+        if not self.running:
             return
+        assert self.proc is not None
         os.killpg(self.proc.pid, signal.SIGTERM)
         try:
             self.proc.wait(timeout=20)
@@ -157,6 +173,28 @@ def celery_worker_session(django_db_setup: Any, broker: redis.Redis) -> Iterator
     worker.start()
     yield worker
     worker.stop()
+
+
+@pytest.fixture(scope="module")
+def no_workers() -> Iterator[None]:
+    """No Celery worker of this session runs during the module's tests: the running ones are
+    stopped first and started again after the module.
+
+    For tests that must be the only actor on the keys they drive, such as the property test,
+    which drives the stores with a fake clock against a model: a worker recovers every live
+    key of the test database and Redis at the real clock and with its own settings, when it
+    starts and every ``DEBOUNCE_RECOVERY_INTERVAL`` seconds (the session's worker stays up
+    for the whole session once a test used it), and that test cannot tell such a step from a
+    store bug."""
+    stopped = sorted((w for w in Worker.live if w.running), key=lambda w: w.queue)
+    for worker in stopped:
+        worker.stop()
+    try:
+        yield
+    finally:
+        for worker in stopped:
+            if not worker.running:
+                worker.start()
 
 
 STORES = ["redis", "database"]

@@ -19,7 +19,9 @@ messages are delivered on time, runs finish), and every trigger must have been c
 
 Every store call gets ``now=`` from the fake clock (integer microseconds starting at a fixed
 time, 2030-01-01; each call advances it by 1 us so no two calls share a time): nothing that
-is compared depends on the real clock, so a failing sequence replays exactly.
+is compared depends on the real clock, so a failing sequence replays exactly. No Celery worker
+of the test session runs while this module runs (``no_workers`` in conftest.py): a worker's
+pump and recorder act on keys at the real clock, which the model cannot follow.
 
 Deterministic by default (``derandomize``). A long randomised exploration::
 
@@ -57,10 +59,11 @@ from django_debounce.backends.base import LiveRun
 from django_debounce.keys import dumps
 from django_debounce.models import DebounceKey, DebounceRun
 from django_debounce.state import Finish, FireAction, FlightOptions
+from tests.conftest import Worker
 from tests.model import US, Config, KeyModel, Msg, canon
 from tests.peek import peek_database, peek_redis
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_workers")]
 
 EPOCH = datetime(1970, 1, 1, tzinfo=dt_timezone.utc)
 START = int(datetime(2030, 1, 1, tzinfo=dt_timezone.utc).timestamp()) * US
@@ -198,6 +201,11 @@ class StoreAgainstModel(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
+        running = sorted(w.queue for w in Worker.live if w.running)
+        assert not running, (
+            f"Celery workers of queues {running} run beside the property test: their pumps "
+            "would act on the keys at the real clock (use the no_workers fixture)"
+        )
         clean()
         self.backend = get_backend()
         self.store = self.backend.name
@@ -756,3 +764,17 @@ def test_store_agrees_with_the_model(store: str) -> None:
         run_state_machine_as_test(
             StoreAgainstModel, settings=settings(SETTINGS, max_examples=examples)
         )
+
+
+def test_no_worker_runs_beside_the_property_test() -> None:
+    """The workers this session started earlier are stopped while this module runs
+    (``no_workers``), and the state machine refuses to start beside one."""
+    assert not [w.queue for w in Worker.live if w.running]
+    worker = Worker(concurrency=1, queue="debounce-props")
+    worker.start()
+    try:
+        with pytest.raises(AssertionError, match=r"queues \['debounce-props'\]"):
+            StoreAgainstModel()
+    finally:
+        worker.stop()
+    assert StoreAgainstModel().keys == []

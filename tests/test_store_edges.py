@@ -78,6 +78,37 @@ def test_abort_of_a_watchdog_trigger_keeps_the_later_trigger_and_its_quiet_perio
     assert follow.countdown > 3  # c's quiet period of 5 s, not at once
 
 
+def test_abort_of_a_watchdog_trigger_whose_flight_ran_meanwhile_keeps_the_next_flight(store):
+    # The publish of a trigger's lease watchdog is slow to fail; meanwhile the run finishes,
+    # the trigger's flight runs, and a new trigger opens the next flight. The watchdog is
+    # still parked (it outlives its run), so taking the first trigger back used to take the
+    # new one instead: its flight closed and it never ran (I1).
+    backend = get_backend()
+    t0 = timezone.now()
+
+    def at(seconds):
+        return t0 + timedelta(seconds=seconds)
+
+    trig(backend, "a", wait=0, now=at(0))
+    first = backend.fire(H, None, overlap=False, lease=60, now=at(0.1)).claim
+    assert first is not None
+    _b, watchdog, undo_b = trig(backend, "b", wait=0, now=at(1))
+    assert watchdog is not None and watchdog.kind == "watch"
+    follow = backend.finish(H, first.run_id, ok=True, now=at(2))
+    assert follow is not None and follow.kind == "fire"
+    second = backend.fire(H, follow.seq, overlap=False, lease=60, now=at(3)).claim
+    assert second is not None and second.payload == {"args": ["b"], "kwargs": {}}
+    _c, merged, _undo_c = trig(backend, "c", wait=0, now=at(4))
+    assert merged is None  # the watchdog parked for the first run's lease covers c
+    backend.abort_trigger(H, watchdog.seq, {**undo_b, "kind": "watch"})  # b already ran
+    live = backend.live_state(H)
+    assert (live["pending"], live["triggers"], live["flight_id"]) == (1, 3, 3)
+    follow = backend.finish(H, second.run_id, ok=True, now=at(5))
+    assert follow is not None
+    third = backend.fire(H, follow.seq, overlap=False, lease=60, now=at(6)).claim
+    assert third is not None and third.payload == {"args": ["c"], "kwargs": {}}
+
+
 def test_lease_lost_just_after_a_trigger_keeps_that_trigger_quiet_period(store):
     backend = get_backend()
     trig(backend, "a", wait=0)
@@ -344,6 +375,43 @@ def test_abort_after_a_retry_rejoined_the_flight_keeps_the_run_items(store):
     _y, dispatch, undo = item("y", 90)  # w's message is overdue: y publishes anew, and fails
     assert dispatch is not None
     backend.finish(H, run.run_id, ok=False, retry_in=0, now=at(90.1))  # "x" rejoins
+    backend.abort_trigger(H, dispatch.seq, {**undo, "kind": dispatch.kind})
+    claim = backend.fire(H, None, overlap=True, lease=600, now=at(95), collect_limit=10).claim
+    assert claim is not None
+    assert claim.payload == ["x", "w"] and claim.triggers == 2
+
+
+def test_abort_after_a_retry_rejoined_the_flight_keeps_the_runs_same_item(store):
+    # As above, the aborted trigger's item being the run's own: the item the trigger added
+    # came back with the run's trigger, which still needs it. It used to go all the same
+    # (nothing came after the aborted trigger), and the run's trigger was never run (I1).
+    backend = get_backend()
+    t0 = timezone.now()
+
+    def item(value, at):
+        return backend.trigger(
+            task_name="testapp.record",
+            key="edge",
+            key_hash=H,
+            payload=value,
+            payload_json=dumps(value),
+            wait=1,
+            max_wait=None,
+            overlap=True,
+            collect_limit=10,
+            now=t0 + timedelta(seconds=at),
+        )
+
+    def at(seconds):
+        return t0 + timedelta(seconds=seconds)
+
+    item("x", 0)
+    run = backend.fire(H, None, overlap=True, lease=600, now=at(1), collect_limit=10).claim
+    assert run is not None and run.payload == ["x"]
+    item("w", 1.1)  # a flight of its own (overlap); its message goes missing
+    _x, dispatch, undo = item("x", 90)  # adds "x" again, publishes anew (overdue), and fails
+    assert dispatch is not None
+    backend.finish(H, run.run_id, ok=False, retry_in=0, now=at(90.1))  # the run's "x" rejoins
     backend.abort_trigger(H, dispatch.seq, {**undo, "kind": dispatch.kind})
     claim = backend.fire(H, None, overlap=True, lease=600, now=at(95), collect_limit=10).claim
     assert claim is not None
