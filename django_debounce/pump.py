@@ -219,14 +219,16 @@ class Pump:
     # -- the loop ---------------------------------------------------------------------------
 
     def run(self) -> None:
-        """Tick until ``stop()``, sleeping between ticks (with up to 10% jitter)."""
+        """Tick until ``stop()``, sleeping between ticks (with up to 10% jitter, always
+        shorter: a pump never wakes after the entry it sleeps for, nor later than the
+        interval after its last peek)."""
         from django.db import close_old_connections
 
         while not self._stop.is_set():
             close_old_connections()
             sleep = self.tick()
             if sleep > 0:
-                self._stop.wait(sleep * (1 + random.random() * 0.1))
+                self._stop.wait(sleep * (1 - random.random() * 0.1))
             elif not self._stop.is_set():
                 time.sleep(0)  # yield the GIL between back-to-back batches
 

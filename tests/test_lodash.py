@@ -1031,6 +1031,38 @@ def test_real_time_debounce_should_support_flushing_delayed_calls(warm_worker, u
     assert stays(lambda: len(starts(task, unique_tag)) == 1, duration=64 * MS)
 
 
+def test_the_pump_never_sleeps_past_the_entry_it_waits_for():
+    # Found by the real-time cases above (a trailing run up to 0.17 s late, tolerance 0.16 s):
+    # the pump's jitter lengthened its sleep by up to 10%, so it woke after the entry it
+    # slept for (up to 0.1 s late with the 1 s interval). The jitter only shortens it now.
+    import threading
+
+    from django_debounce.pump import Pump
+
+    class Waits(threading.Event):
+        def __init__(self) -> None:
+            super().__init__()
+            self.seen: list[float] = []
+
+        def wait(self, timeout: float | None = None) -> bool:
+            assert timeout is not None
+            self.seen.append(timeout)
+            if len(self.seen) == 200:
+                self.set()
+            return self.is_set()
+
+    class Sleepy(Pump):
+        def tick(self, *, recheck: bool = False) -> float:
+            return 0.4  # the first entry is due in 0.4 s
+
+    pump = Sleepy(tasks={})
+    pump._stop = waits = Waits()
+    pump.run()
+    assert len(waits.seen) == 200
+    assert max(waits.seen) <= 0.4  # never after the entry
+    assert min(waits.seen) >= 0.36 and len(set(waits.seen)) > 1  # jittered, by 10% at most
+
+
 # == the transcription against lodash itself ==================================================
 
 NODE_DRIVER = r"""
