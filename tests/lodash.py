@@ -248,7 +248,7 @@ def lodash(options: Options, steps: Sequence[Step], *, then: Sequence[Any] = ())
 # -- a store --------------------------------------------------------------------------------
 
 
-TASK = "testapp.lodash"  # the task name the player's key belongs to (no body is registered)
+TASK = "testapp.lodash"  # registered nowhere: the pump of a live worker never takes its entries
 
 
 def dt(us: int) -> datetime:

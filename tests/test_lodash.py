@@ -1012,7 +1012,9 @@ def test_real_time_throttle_supports_recursive_calls(warm_worker, store, unique_
     a, b, c = runs_of(task, unique_tag, 3)
     assert [r.payload["arg"] for r in (a, b, c)] == ["a", "b", "c"]
     # lodash: a at 0, b at 32 (trailing, wait after a), c inside b (a leading edge: the
-    # previous call, made in a's run, is wait ago); here c runs right after b's run ends
+    # previous call, made in a's run, is wait ago); here c runs right after b's run ends.
+    # b's run calls c 2 lodash ms in (tests.testapp.tasks._recursive): lodash's c comes 0 ms
+    # past the edge's boundary, which real latencies would put a few ms either side of.
     near(b.started, a.started + 32 * MS, "b")
     near(c.started, b.finished, "c, once b's run has ended")
     assert stays(lambda: len(starts(task, unique_tag)) == 3, duration=1.0)
