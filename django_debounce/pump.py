@@ -223,7 +223,9 @@ class Pump:
     # -- the loop ---------------------------------------------------------------------------
 
     def run(self) -> None:
-        """Tick until ``stop()``, sleeping between ticks (with up to 10% jitter)."""
+        """Tick until ``stop()``, sleeping between ticks (with up to 10% jitter, always
+        shorter: a pump never wakes after the entry it sleeps for, nor later than the
+        interval after its last peek)."""
         from django.db import close_old_connections
 
         while not self._stop.is_set():
@@ -234,7 +236,7 @@ class Pump:
                 logger.exception("django_debounce: pump tick failed")
                 sleep = 1.0
             if sleep > 0:
-                self._stop.wait(sleep * (1 + random.random() * 0.1))
+                self._stop.wait(sleep * (1 - random.random() * 0.1))
             elif not self._stop.is_set():
                 time.sleep(0)  # yield the GIL between back-to-back batches
 

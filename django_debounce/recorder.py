@@ -114,7 +114,7 @@ def drain(store: Any, limit: int = BATCH) -> int:
     except DatabaseError:
         logger.exception("django_debounce: could not write %d records; kept", len(records))
         pipe = store.client.pipeline(transaction=False)
-        for name, record in records:
+        for name, record in reversed(records):  # back at the head, in the order they were made
             pipe.lpush(name, record.raw)
         pipe.execute()
         return 0
@@ -136,13 +136,16 @@ def drain_all() -> int:
 
 def apply(records: list[Record]) -> None:
     """Write ``records`` (in the order they were made) to the durable record: one statement
-    each for the keys, the new runs and the ended runs, whatever the batch size."""
+    each for the keys, the new runs and the ended runs, whatever the batch size.
+
+    The records of one key are applied in the order its scripts made them (one shard's list),
+    not by their times: a step given ``now=`` (``run_due`` claims at a time of its own, the
+    finish after it takes the store's clock) may record a time earlier than the step before."""
     from django_debounce.backends.record import alias
     from django_debounce.models import DebounceKey, DebounceRun
 
     db = alias()
     grace = timedelta(seconds=conf.seconds_of("DISPATCH_GRACE"))
-    records.sort(key=lambda r: r.at)
     hashes = {r.key_hash for r in records}
     with transaction.atomic(using=db):
         rows = {

@@ -9,8 +9,9 @@ A case is a *script*: steps ``(t, op, arg)`` at lodash times ``t`` in millisecon
 Both sides follow one event model, that of a lodash test with timers:
 
 - the steps at one time run as one piece of synchronous code (a burst of calls "at once");
-- a timer (lodash's own, or our worker taking a message) due at ``t`` runs after the steps at
-  ``t`` and before any step after ``t`` (a step at ``t`` was written before the timer fired);
+- a timer (lodash's own; ours: the pump taking a due index entry, or the worker taking a
+  message) due at ``t`` runs after the steps at ``t`` and before any step after ``t`` (a step
+  at ``t`` was written before the timer fired); at one time, messages go before the pump;
 - lodash runs ``func`` inside the call on a leading edge, inside ``flush()``, and inside a call
   that finds ``maxWait`` reached (its tight-loop branch); our worker claims at once (no
   latency) a leading flight, a flushed one, and a flight that a trigger finds due by its
@@ -35,7 +36,8 @@ from datetime import datetime, timedelta
 from datetime import timezone as dt_timezone
 from typing import Any
 
-from django_debounce.state import FireAction
+from django_debounce.keys import dumps
+from django_debounce.state import Dispatch, Finish, FireAction, FlightOptions
 
 Step = tuple[float, str, Any]
 US = 1000  # microseconds of the fake store clock per lodash millisecond
@@ -246,12 +248,26 @@ def lodash(options: Options, steps: Sequence[Step], *, then: Sequence[Any] = ())
 # -- a store --------------------------------------------------------------------------------
 
 
+TASK = "testapp.lodash"  # registered nowhere: the pump of a live worker never takes its entries
+
+
 def dt(us: int) -> datetime:
     return EPOCH + timedelta(microseconds=us)
 
 
 def us_of(value: datetime) -> int:
     return (value - EPOCH) // timedelta(microseconds=1)
+
+
+def flight_options(options: Options) -> FlightOptions:
+    """The store's options of a debounced function (lodash milliseconds to seconds)."""
+    return FlightOptions(
+        wait=options.wait / 1000,
+        max_wait=None if options.max_wait is None else options.max_wait / 1000,
+        leading=options.leading,
+        trailing=options.trailing,
+        lease=LEASE,
+    )
 
 
 @dataclass
@@ -265,10 +281,19 @@ class Run:
 
 
 class Player:
-    """Plays a script on a real store (``backend``, driven directly with ``now=``), with a worker
-    that takes every message when it is due (plus ``latency`` ms), runs a body of ``body`` ms
-    and finishes it. ``then``: the body triggers the key once more with the next of these
-    arguments (while its run is live), as lodash's recursive calls do."""
+    """Plays a script on a real store (``backend``, driven directly with ``now=``), with a pump
+    and a worker, both without latency of their own:
+
+    - the **pump** takes the key's due index entries (``take``) as soon as the fake clock
+      reaches the earliest one (``peek``), and publishes what it takes;
+    - every message (the pump's, and the direct dispatches that ``trigger``, ``fire``,
+      ``finish`` and ``flush`` return) reaches the **worker** ``countdown`` (plus
+      ``latency`` ms) after it was published; the worker ``fire``s it and runs the claimed
+      run, whose body takes ``body`` ms, then finishes it.
+
+    ``then``: the body triggers the key once more with the next of these arguments (while its
+    run is live), as lodash's recursive calls do. ``takes`` lists the pump's takes as
+    ``(lodash ms, messages taken)``; ``actions`` every fire's action."""
 
     def __init__(
         self,
@@ -283,9 +308,11 @@ class Player:
     ) -> None:
         self.backend = backend
         self.options = options
+        self.flight = flight_options(options)
         self.key = f"lodash:{name}"
         self.key_hash = hashlib.sha256(self.key.encode()).hexdigest()
         self.t0 = t0
+        self.clock = t0
         self.latency = latency
         self.body = body
         self.then = list(then)
@@ -293,7 +320,9 @@ class Player:
         self.runs: list[Run] = []
         self.results: list[Any] = []  # each trigger's TriggerResult
         self.cancelled: list[int] = []  # what each cancel() returned
-        self.flushed: list[bool] = []  # whether each flush() found a flight
+        self.flushed: list[bool] = []  # whether each flush() published the flight's message
+        self.takes: list[tuple[float, int]] = []
+        self.actions: list[FireAction] = []
         self.queue: list[tuple[int, int, str, Any]] = []
         self.order = 0
 
@@ -308,33 +337,83 @@ class Player:
         self.order += 1
         heapq.heappush(self.queue, (due_us, self.order, kind, data))
 
-    def publish(self, dispatch: Any, now_us: int) -> None:
-        """A message the store asked for: the worker takes a flight message ``countdown`` (and
-        ``latency``) later; a lease watchdog only matters for a dead worker."""
-        if dispatch is None or dispatch.kind != "fire":
+    def publish(self, dispatch: Dispatch | None, now_us: int) -> None:
+        """A message a step asked for: the worker gets it ``countdown`` (and ``latency``) later."""
+        if dispatch is None:
             return
+        assert dispatch.key_hash == self.key_hash, dispatch
+        assert dispatch.countdown <= self.backend_interval() + 1e-9, dispatch
         due = now_us + round(dispatch.countdown * 1_000_000) + round(self.latency * US)
         self.push(due, "fire", dispatch)
 
+    def backend_interval(self) -> float:
+        from django_debounce import conf
+
+        return conf.seconds_of("PUMP_INTERVAL")
+
+    def entry(self) -> int | None:
+        """The earliest due index entry of the key's task (a lower bound on Redis), in store
+        microseconds; ``None`` when the index holds none."""
+        seconds = self.backend.peek([TASK], now=dt(self.clock))
+        return None if seconds is None else self.clock + round(seconds * 1_000_000)
+
+    def pump(self, now_us: int) -> None:
+        """The pump takes what is due at ``now_us`` and publishes it."""
+        self.clock = now_us
+        taken = self.backend.take({TASK: self.flight}, 100, now=dt(now_us))
+        self.takes.append((self.ms(now_us), len(taken.dispatches)))
+        assert taken.again == 0, f"a message taken again: {taken}"  # none is ever lost here
+        for dispatch in taken.dispatches:
+            assert (dispatch.task_name, dispatch.countdown) == (TASK, 0), dispatch
+            self.publish(dispatch, now_us)
+        after = self.entry()
+        assert after is None or after > now_us, f"the take at {now_us} left an entry due"
+
     def run_before(self, due_us: int) -> None:
-        while self.queue and self.queue[0][0] < due_us:
-            at, _order, kind, data = heapq.heappop(self.queue)
-            self.handle(at, kind, data)
+        """Everything that happens before ``due_us``: messages delivered, and the pump's takes
+        when the clock reaches an index entry (a message due at the same time goes first)."""
+        for _ in range(100_000):
+            entry = self.entry()
+            head = self.queue[0][0] if self.queue else None
+            if head is not None and head < due_us and (entry is None or head <= entry):
+                at, _order, kind, data = heapq.heappop(self.queue)
+                self.handle(at, kind, data)
+            elif entry is not None and entry < due_us:
+                self.pump(max(entry, self.clock))
+            else:
+                return
+        raise AssertionError("the key never became idle")
 
     def handle(self, now_us: int, kind: str, data: Any) -> None:
+        self.clock = now_us
         if kind == "finish":
-            follow = self.backend.finish(self.key_hash, data, ok=True, now=dt(now_us))
+            follow = self.backend.finish(
+                self.key_hash,
+                data,
+                Finish(ok=True),
+                task_name=TASK,
+                options=self.flight,
+                now=dt(now_us),
+            )
             self.publish(follow, now_us)
             return
         decision = self.backend.fire(
-            self.key_hash, data.seq, overlap=False, lease=LEASE, now=dt(now_us), store=data.store
+            self.key_hash,
+            data.seq,
+            task_name=TASK,
+            options=self.flight,
+            now=dt(now_us),
+            store=data.store,
         )
+        self.actions.append(decision.action)
+        assert decision.action is not FireAction.MISSING, decision
         if decision.action is FireAction.REARM:
-            self.publish(decision.dispatch, now_us)
+            self.publish(decision.dispatch, now_us)  # else the flight is back in the index
         elif decision.action is FireAction.CLAIM:
             claim = decision.claim
-            assert us_of(claim.started_at) == now_us
-            arg = claim.payload["args"][0]
+            assert claim is not None and us_of(claim.started_at) == now_us
+            self.publish(decision.dispatch, now_us)  # none: no overlap, no collect
+            arg = claim.payload[0]
             self.runs.append(Run(self.ms(now_us), arg, claim.triggers, claim.run_id))
             self.trace.runs.append((self.ms(now_us), arg))
             if self.then:  # the body calls the debounced function again
@@ -345,22 +424,21 @@ class Player:
                 self.handle(now_us, "finish", claim.run_id)
 
     def trigger(self, now_us: int, arg: Any) -> Any:
-        o = self.options
-        result, dispatch, _undo = self.backend.trigger(
-            task_name="testapp.lodash",
+        self.clock = now_us
+        result, dispatch = self.backend.trigger(
+            task_name=TASK,
             key=self.key,
             key_hash=self.key_hash,
-            payload={"args": [arg], "kwargs": {}},
-            wait=o.wait / 1000,
-            max_wait=None if o.max_wait is None else o.max_wait / 1000,
-            leading=o.leading,
-            trailing=o.trailing,
+            payload_json=dumps([arg]),  # the task's arguments (no keyword arguments)
+            options=self.flight,
             now=dt(now_us),
         )
         self.results.append(result)
+        assert result.scheduled == (dispatch is not None), (result, dispatch)
         self.publish(dispatch, now_us)
         # lodash runs func inside the call on a leading edge, and when the call finds maxWait
         # reached: our worker claims such a flight at once
+        o = self.options
         due = us_of(result.due_at) if result.due_at is not None else None
         if due is not None and due <= now_us and (o.leading or o.max_wait is not None):
             if not self.latency:
@@ -371,12 +449,19 @@ class Player:
         for t, op, arg in steps:
             now = self.at(t)
             self.run_before(now)
+            self.clock = max(self.clock, now)
             if op == "call":
                 self.trigger(now, arg)
             elif op == "cancel":
-                self.cancelled.append(self.backend.cancel(self.key_hash, now=dt(now)))
+                self.cancelled.append(
+                    self.backend.cancel(
+                        self.key_hash, task_name=TASK, options=self.flight, now=dt(now)
+                    )
+                )
             elif op == "flush":
-                dispatch = self.backend.flush(self.key_hash, now=dt(now))
+                dispatch = self.backend.flush(
+                    self.key_hash, task_name=TASK, options=self.flight, now=dt(now)
+                )
                 self.flushed.append(dispatch is not None)
                 self.publish(dispatch, now)
                 if not self.latency:
@@ -389,16 +474,12 @@ class Player:
                         break
                     now += round(every * US)
                     self.run_before(now)
+                    self.clock = max(self.clock, now)
             else:
                 assert op == "look", op
             self.trace.seen.append((len(self.runs), self.runs[-1].arg if self.runs else None))
-        for _ in range(10_000):
-            if not self.queue:
-                break
-            at, _order, kind, data = heapq.heappop(self.queue)
-            self.handle(at, kind, data)
-        else:
-            raise AssertionError("the key never became idle")
+        self.run_before(self.at(10**9))
+        assert not self.queue and self.entry() is None, "the key never became idle"
         return self.trace
 
 

@@ -1,5 +1,5 @@
-"""Trigger from several OS processes at once (spawned, each with its own Django and
-connections), released together by a barrier."""
+"""Trigger, or take as pumps do, from several OS processes at once (spawned, each with its
+own Django and connections), released together by a barrier."""
 
 from __future__ import annotations
 
@@ -60,3 +60,70 @@ def trigger_from_processes(
         p.join(timeout=timeout)
         assert p.exitcode == 0, f"trigger process exited with {p.exitcode}"
     return errors
+
+
+def _take_child(
+    backend: str, tasks: dict[str, dict[str, Any]], limit: int, now_us: int, barrier: Any, out: Any
+) -> None:
+    os.environ["DEBOUNCE_TEST_WORKER"] = "1"  # use the test database, like the worker does
+    os.environ["DEBOUNCE_TEST_BACKEND"] = backend
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
+    import django
+
+    django.setup()
+    from datetime import datetime, timedelta, timezone
+
+    from django_debounce.backends import get_backend
+    from django_debounce.state import FlightOptions
+
+    store = get_backend(backend)
+    options = {name: FlightOptions(**fields) for name, fields in tasks.items()}
+    now = datetime(1970, 1, 1, tzinfo=timezone.utc) + timedelta(microseconds=now_us)
+    taken: list[tuple[str, int]] = []
+    errors: list[str] = []
+    barrier.wait(timeout=60)
+    try:
+        while True:
+            got = store.take(options, limit, now=now)
+            taken.extend((d.key_hash, d.seq) for d in got.dispatches)
+            if not got.dispatches:
+                break
+    except Exception as exc:  # reported to the test, which fails on any
+        errors.append(f"{type(exc).__name__}: {exc}")
+    out.put((os.getpid(), taken, errors))
+
+
+def take_from_processes(
+    tasks: dict[str, dict[str, Any]],
+    *,
+    processes: int,
+    limit: int,
+    now_us: int,
+    timeout: float = 120,
+) -> list[tuple[list[tuple[str, int]], list[str]]]:
+    """Pumps in ``processes`` OS processes, started together, each calling the store's
+    ``take(tasks, limit, now=now_us)`` (``tasks``: task name -> ``FlightOptions`` fields)
+    until a take gets nothing. Returns, per process, the ``(key_hash, seq)`` it took and the
+    errors it met."""
+    from django.conf import settings
+
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(processes)
+    out = ctx.Queue()
+    procs = [
+        ctx.Process(
+            target=_take_child,
+            args=(settings.DEBOUNCE_BACKEND, tasks, limit, now_us, barrier, out),
+        )
+        for _ in range(processes)
+    ]
+    for p in procs:
+        p.start()
+    results = []
+    for _ in procs:
+        _pid, taken, errors = out.get(timeout=timeout)
+        results.append((taken, errors))
+    for p in procs:
+        p.join(timeout=timeout)
+        assert p.exitcode == 0, f"take process exited with {p.exitcode}"
+    return results

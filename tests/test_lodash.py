@@ -6,7 +6,9 @@ of github.com/lodash/lodash), ``test/test.js``: QUnit modules ``lodash.debounce`
 lodash.throttle`` (23038-23236, 9 cases run for each of the two functions: 18). Each test is
 named after its QUnit case. It plays the case's calls as triggers of one key on each store
 (the ``store`` fixture), with the store clock given (``now=``; 1 lodash ms = 1 ms of the fake
-clock) and a worker that takes each message when it is due (``tests/lodash.py``), and on a
+clock), a pump that takes the key's due index entries as soon as they are due, and a worker
+that takes each message when it arrives (``tests/lodash.py``), once per pump interval of
+``INTERVALS`` (flights in the due index, or published at once with a countdown), and on a
 line-for-line transcription of lodash's ``debounce`` on the same fake clock, then asserts the
 case's own assertions on both, and that the store's runs (times and payloads) and everything
 the case can observe after each step are lodash's. The ``@pytest.mark.worker`` tests at the
@@ -72,8 +74,11 @@ from django.test import override_settings
 
 from django_debounce import conf, debounced_task
 from django_debounce.backends import get_backend
+from django_debounce.keys import dumps
+from django_debounce.state import Finish, FlightOptions
 from tests.conftest import stays, wait_for
 from tests.lodash import (
+    TASK,
     Options,
     Player,
     Step,
@@ -148,22 +153,37 @@ def check_looks(c: Case, trace: Trace, side: str) -> None:
             arg.check(seen, f"{c.name} ({side}), step {index} at {t} ms")
 
 
-def play(c: Case, **player: Any) -> tuple[Trace, Player]:
-    """``c`` on the store under test: its trace, and the player (its runs, results)."""
-    p = Player(get_backend(), c.options, name=c.name, t0=t0(), then=c.then, **player)
-    return p.play(c.steps), p
+# Pump intervals each case is played with (DEBOUNCE_PUMP_INTERVAL, seconds; 1 lodash ms =
+# 1 ms): 0, every flight not due at once waits in the due index and the pump publishes it;
+# 0.05, flights due within 50 ms go out at once with a countdown, later ones wait in the
+# index; 1 (the default), every flight of these cases goes out at once with a countdown.
+INTERVALS = (0.0, 0.05, 1.0)
+
+
+def play(c: Case, *, interval: float = 1.0, **player: Any) -> tuple[Trace, Player]:
+    """``c`` on the store under test with the pump interval ``interval``: its trace, and the
+    player (its runs, results)."""
+    with override_settings(DEBOUNCE_PUMP_INTERVAL=interval):
+        name = f"{c.name} [{interval}]"
+        p = Player(get_backend(), c.options, name=name, t0=t0(), then=c.then, **player)
+        return p.play(c.steps), p
 
 
 def conform(c: Case) -> Player:
-    """``c`` on lodash and on the store: the case's assertions hold on both, and the store
-    runs when lodash runs ``func``, with the same argument, observed the same after every
-    step. Returns the player."""
+    """``c`` on lodash and on the store (once per pump interval of ``INTERVALS``): the case's
+    assertions hold on both, and the store runs when lodash runs ``func``, with the same
+    argument, observed the same after every step. Returns the player of the default
+    interval."""
     want = lodash(c.options, c.steps, then=c.then)
     check_looks(c, want, "lodash")
-    got, player = play(c)
-    check_looks(c, got, "store")
-    assert got.runs == want.runs, f"{c.name}: runs (ms, arg) {got.runs}, lodash {want.runs}"
-    assert got.seen == want.seen, f"{c.name}: seen {got.seen}, lodash {want.seen}"
+    player = None
+    for interval in INTERVALS:
+        got, player = play(c, interval=interval)
+        where = f"{c.name}, pump interval {interval} s"
+        check_looks(c, got, f"store, pump interval {interval} s")
+        assert got.runs == want.runs, f"{where}: runs (ms, arg) {got.runs}, lodash {want.runs}"
+        assert got.seen == want.seen, f"{where}: seen {got.seen}, lodash {want.seen}"
+    assert player is not None
     return player
 
 
@@ -818,29 +838,38 @@ def test_the_hot_paths_count_max_wait_from_the_anchor(store):
     backend = get_backend()
     base = time.time_ns() // 1000 - 4_000_000
     key_hash = "a" * 64
+    options = FlightOptions(wait=2.0, max_wait=2.5, lease=60)
 
     def trigger(at_ms: float | None) -> Any:
-        result, dispatch, _undo = backend.trigger(
-            task_name="testapp.lodash",
+        return backend.trigger(
+            task_name=TASK,
             key="hot",
             key_hash=key_hash,
-            payload={"args": [at_ms], "kwargs": {}},
-            wait=2.0,
-            max_wait=2.5,
+            payload_json=dumps([at_ms]),
+            options=options,
             now=None if at_ms is None else dt(base + round(at_ms * 1000)),
         )
-        return result, dispatch
 
     trigger(0)
     trigger(1500)
     trigger(2400)  # due min(2400 + 2000, 0 + 2500) = 2500
-    claim = backend.fire(key_hash, None, overlap=False, lease=60, now=dt(base + 2_500_000)).claim
+    claim = backend.fire(
+        key_hash, None, task_name=TASK, options=options, now=dt(base + 2_500_000)
+    ).claim
     assert claim is not None and claim.triggers == 3
-    backend.finish(key_hash, claim.run_id, ok=True, now=dt(base + 2_500_000))
+    backend.finish(
+        key_hash,
+        claim.run_id,
+        Finish(ok=True),
+        task_name=TASK,
+        options=options,
+        now=dt(base + 2_500_000),
+    )
     opened, dispatch = trigger(2600)  # continues the stream: anchored at the claim (2500)
-    assert dispatch is not None and us_of(opened.due_at) == base + 4_600_000
+    assert dispatch is None  # due in 2 s: it waits in the due index
+    assert us_of(opened.due_at) == base + 4_600_000
     merged, dispatch = trigger(None)  # now: about base + 4000 ms, the hot path
-    assert dispatch is None
+    assert dispatch is None and not merged.scheduled
     assert us_of(merged.due_at) == base + 5_000_000  # 2500 + 2500, not 2600 + 2500
 
 
@@ -983,7 +1012,9 @@ def test_real_time_throttle_supports_recursive_calls(warm_worker, store, unique_
     a, b, c = runs_of(task, unique_tag, 3)
     assert [r.payload["arg"] for r in (a, b, c)] == ["a", "b", "c"]
     # lodash: a at 0, b at 32 (trailing, wait after a), c inside b (a leading edge: the
-    # previous call, made in a's run, is wait ago); here c runs right after b's run ends
+    # previous call, made in a's run, is wait ago); here c runs right after b's run ends.
+    # b's run calls c 2 lodash ms in (tests.testapp.tasks._recursive): lodash's c comes 0 ms
+    # past the edge's boundary, which real latencies would put a few ms either side of.
     near(b.started, a.started + 32 * MS, "b")
     near(c.started, b.finished, "c, once b's run has ended")
     assert stays(lambda: len(starts(task, unique_tag)) == 3, duration=1.0)
@@ -1000,6 +1031,38 @@ def test_real_time_debounce_should_support_flushing_delayed_calls(warm_worker, u
     (run,) = runs_of(task, unique_tag, 1)
     near(run.started, flushed, "the flushed run, at once")
     assert stays(lambda: len(starts(task, unique_tag)) == 1, duration=64 * MS)
+
+
+def test_the_pump_never_sleeps_past_the_entry_it_waits_for():
+    # Found by the real-time cases above (a trailing run up to 0.17 s late, tolerance 0.16 s):
+    # the pump's jitter lengthened its sleep by up to 10%, so it woke after the entry it
+    # slept for (up to 0.1 s late with the 1 s interval). The jitter only shortens it now.
+    import threading
+
+    from django_debounce.pump import Pump
+
+    class Waits(threading.Event):
+        def __init__(self) -> None:
+            super().__init__()
+            self.seen: list[float] = []
+
+        def wait(self, timeout: float | None = None) -> bool:
+            assert timeout is not None
+            self.seen.append(timeout)
+            if len(self.seen) == 200:
+                self.set()
+            return self.is_set()
+
+    class Sleepy(Pump):
+        def tick(self, *, recheck: bool = False) -> float:
+            return 0.4  # the first entry is due in 0.4 s
+
+    pump = Sleepy(tasks={})
+    pump._stop = waits = Waits()
+    pump.run()
+    assert len(waits.seen) == 200
+    assert max(waits.seen) <= 0.4  # never after the entry
+    assert min(waits.seen) >= 0.36 and len(set(waits.seen)) > 1  # jittered, by 10% at most
 
 
 # == the transcription against lodash itself ==================================================

@@ -1,249 +1,344 @@
-"""Edge sequences of the state machine, driven on each real store directly (no worker):
-a publish that fails while other triggers merge, and a lease lost just after a trigger."""
+"""Edge sequences of the state machine, driven on each real store directly (no worker), with
+the store clock given (``now=``): publishes that fail and are released, the pump's takes
+(limits, re-takes with the same sequence, early entries, concurrent pumps), leases that end
+exactly at an operation, lost and retried runs that rejoin a flight, collected items, and
+messages of cancelled flights. Most are regressions the property test found."""
 
 from __future__ import annotations
 
-import time
+import hashlib
+from dataclasses import asdict
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from django.utils import timezone
 
+from django_debounce import conf
 from django_debounce.backends import get_backend
+from django_debounce.backends.base import LiveRun
 from django_debounce.keys import dumps
-from django_debounce.state import FireAction
+from django_debounce.state import Finish, FireAction, FlightOptions
+from tests.peek import peek_database, peek_redis, us
+from tests.procs import take_from_processes
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 H = "e" * 64
+TASK = "testapp.store_edges"  # registered nowhere: no pump of a live worker takes its entries
+T0 = timezone.now()
 
 
-def trig(backend, payload, *, wait=0.3, key_hash=H, max_wait=None, **options):
-    """One trigger of the key ``H`` of testapp.record; ``options`` go to the store as they are
-    (``leading``, ``overlap``, ``now``, ...)."""
+def at(seconds: float):
+    return T0 + timedelta(seconds=seconds)
+
+
+def opts(*, wait: float = 0.3, lease: float = 60.0, **options: Any) -> FlightOptions:
+    return FlightOptions(wait=wait, lease=lease, **options)
+
+
+def trig(backend, payload, t, *, key_hash=H, **options):
+    """One trigger of ``key_hash`` at ``t`` (a collected item with ``collect_limit``, else
+    the task's arguments); returns ``(result, dispatch)``."""
+    o = opts(**options)
     return backend.trigger(
-        task_name="testapp.record",
-        key="edge",
+        task_name=TASK,
+        key=f"edge:{key_hash[:8]}",
         key_hash=key_hash,
-        payload={"args": [payload], "kwargs": {}},
-        wait=wait,
-        max_wait=max_wait,
-        **options,
+        payload_json=dumps(payload if o.collect else [payload]),
+        options=o,
+        now=at(t),
     )
 
 
-def test_abort_keeps_a_trigger_that_merged_while_the_publish_failed(store):
-    backend = get_backend()
-    _a, dispatch_a, undo_a = trig(backend, "a")
-    _b, dispatch_b, _undo_b = trig(backend, "b")
-    assert dispatch_a is not None and dispatch_b is None  # b merged: "a message is out"
-    backend.abort_trigger(H, dispatch_a.seq, {**undo_a, "kind": dispatch_a.kind})
-    live = backend.live_state(H)
-    assert (live["pending"], live["triggers"]) == (1, 1)
-    # b is not stranded: recovery publishes a message for it, and its run gets b's payload
-    ((task_name, dispatch),) = backend.recover(grace=60)
-    assert task_name == "testapp.record" and dispatch.key_hash == H
-    decision = backend.fire(H, dispatch.seq, overlap=False, lease=60, store=dispatch.store)
-    while decision.action is FireAction.REARM:
-        time.sleep(decision.dispatch.countdown)  # the flight's own quiet period
-        decision = backend.fire(H, decision.dispatch.seq, overlap=False, lease=60)
-    assert decision.action is FireAction.CLAIM
-    assert decision.claim.payload == {"args": ["b"], "kwargs": {}}
-    assert decision.claim.triggers == 1
+def fire(backend, t, seq=None, *, key_hash=H, **options):
+    return backend.fire(key_hash, seq, task_name=TASK, options=opts(**options), now=at(t))
 
 
-def test_abort_of_the_only_trigger_leaves_no_flight(store):
-    backend = get_backend()
-    _a, dispatch, undo = trig(backend, "a")
-    backend.abort_trigger(H, dispatch.seq, {**undo, "kind": dispatch.kind})
-    live = backend.live_state(H)
-    assert (live["pending"], live["triggers"], live["flight_id"]) == (0, 0, 0)
-    _again, dispatch_again, _undo = trig(backend, "a2")
-    assert dispatch_again is not None  # the next trigger publishes afresh (I8)
-
-
-def test_abort_of_a_watchdog_trigger_keeps_the_later_trigger_and_its_quiet_period(store):
-    backend = get_backend()
-    trig(backend, "a", wait=0)
-    claim = backend.fire(H, None, overlap=False, lease=60).claim
-    assert claim is not None
-    _b, watchdog, undo_b = trig(backend, "b", wait=5)  # during the run: a lease watchdog
-    assert watchdog is not None and watchdog.kind == "watch"
-    _c, dispatch_c, _undo_c = trig(backend, "c", wait=5)
-    assert dispatch_c is None  # merged: the watchdog is parked
-    backend.abort_trigger(H, watchdog.seq, {**undo_b, "kind": "watch"})
-    assert backend.live_state(H)["pending"] == 1
-    follow = backend.finish(H, claim.run_id, ok=True)
-    assert follow is not None and follow.kind == "fire"
-    assert follow.countdown > 3  # c's quiet period of 5 s, not at once
-
-
-def test_abort_of_a_watchdog_trigger_whose_flight_ran_meanwhile_keeps_the_next_flight(store):
-    # The publish of a trigger's lease watchdog is slow to fail; meanwhile the run finishes,
-    # the trigger's flight runs, and a new trigger opens the next flight. The watchdog is
-    # still parked (it outlives its run), so taking the first trigger back used to take the
-    # new one instead: its flight closed and it never ran (I1).
-    backend = get_backend()
-    t0 = timezone.now()
-
-    def at(seconds):
-        return t0 + timedelta(seconds=seconds)
-
-    trig(backend, "a", wait=0, now=at(0))
-    first = backend.fire(H, None, overlap=False, lease=60, now=at(0.1)).claim
-    assert first is not None
-    _b, watchdog, undo_b = trig(backend, "b", wait=0, now=at(1))
-    assert watchdog is not None and watchdog.kind == "watch"
-    follow = backend.finish(H, first.run_id, ok=True, now=at(2))
-    assert follow is not None and follow.kind == "fire"
-    second = backend.fire(H, follow.seq, overlap=False, lease=60, now=at(3)).claim
-    assert second is not None and second.payload == {"args": ["b"], "kwargs": {}}
-    _c, merged, _undo_c = trig(backend, "c", wait=0, now=at(4))
-    assert merged is None  # the watchdog parked for the first run's lease covers c
-    backend.abort_trigger(H, watchdog.seq, {**undo_b, "kind": "watch"})  # b already ran
-    live = backend.live_state(H)
-    assert (live["pending"], live["triggers"], live["flight_id"]) == (1, 3, 3)
-    follow = backend.finish(H, second.run_id, ok=True, now=at(5))
-    assert follow is not None
-    third = backend.fire(H, follow.seq, overlap=False, lease=60, now=at(6)).claim
-    assert third is not None and third.payload == {"args": ["c"], "kwargs": {}}
-
-
-def test_lease_lost_just_after_a_trigger_keeps_that_trigger_quiet_period(store):
-    backend = get_backend()
-    trig(backend, "a", wait=0)
-    claim = backend.fire(H, None, overlap=False, lease=0.5).claim
-    assert claim is not None
-    lease_end = time.monotonic() + 0.5
-    time.sleep(max(0.0, lease_end - 0.15 - time.monotonic()))
-    trig(backend, "b", wait=1.0)  # due about 0.85 s after the lease ends
-    time.sleep(max(0.0, lease_end + 0.1 - time.monotonic()))
-    backend.recover(grace=60)  # the run is lost: its trigger goes back to pending
-    decision = backend.fire(H, None, overlap=False, lease=60)
-    assert decision.action is FireAction.REARM  # not claimed before b's due time (I3)
-    assert decision.dispatch.countdown > 0.3
-
-
-def collect(backend, item, *, limit=10):
-    return backend.trigger(
-        task_name="testapp.record",
-        key="edge",
-        key_hash=H,
-        payload=item,
-        payload_json=dumps(item),
-        wait=0.3,
-        max_wait=None,
-        collect_limit=limit,
+def finish(backend, run_id, t, end=None, **options):
+    return backend.finish(
+        H, run_id, end or Finish(ok=True), task_name=TASK, options=opts(**options), now=at(t)
     )
 
 
-def claim_all(backend):
-    later = timezone.now() + timedelta(seconds=5)
-    decision = backend.fire(H, None, overlap=False, lease=60, now=later, collect_limit=10)
-    assert decision.action is FireAction.CLAIM
-    return decision.claim
+def take(backend, t, limit=100, **options):
+    return backend.take({TASK: opts(**options)}, limit, now=at(t))
 
 
-def test_abort_keeps_an_item_that_a_merged_trigger_sent_again(store):
-    # Found by the property test: a collected item 5 whose trigger's publish failed was
-    # removed although a trigger that merged meanwhile had sent 5 again; that trigger's
-    # item was lost (I1). The item stays now; an item no one sent again still goes (I8).
+def view(store, key_hash=H, collect=False):
+    """The key's stored state (``tests/peek.py``, as the property test reads it)."""
+    if store == "redis":
+        return peek_redis(get_backend(), key_hash, TASK, collect)
+    return peek_database(key_hash, collect)
+
+
+def hashed(i: int, shard: int | None = None) -> str:
+    """A key hash; with ``shard``, one of that Redis shard (its first 16 bits modulo 16)."""
+    h = hashlib.sha256(str(i).encode()).hexdigest()
+    return h if shard is None else h[:3] + f"{shard:x}" + h[4:]
+
+
+# == publishes that fail: the flight waits in the index, the next take publishes it (I8) ====
+
+
+def test_a_released_flight_keeps_its_triggers_and_the_next_take_publishes_it(store):
     backend = get_backend()
-    _a, dispatch, undo = collect(backend, 5)
-    collect(backend, 7)
-    collect(backend, 5)  # merged: 5 is already in the flight
-    backend.abort_trigger(H, dispatch.seq, {**undo, "kind": dispatch.kind})
-    assert backend.live_state(H)["pending"] == 2
-    claim = claim_all(backend)
-    assert sorted(claim.payload) == [5, 7] and claim.triggers == 2
+    _a, dispatch = trig(backend, "a", 0)
+    merged, none = trig(backend, "b", 0.1)
+    assert dispatch is not None and dispatch.countdown == pytest.approx(0.3)
+    assert none is None and not merged.scheduled  # b merged: "a message is out"
+    backend.release([dispatch], now=at(0.15))  # the broker refused a's message
+    state = view(store)
+    assert (state["pending"], state["triggers"], state["taken"]) == (2, 2, False)
+    assert state["entry"] == state["due"] == us(at(0.4))  # back in the index at its due time
+    assert take(backend, 0.4 - 1e-6).dispatches == []
+    (message,) = take(backend, 0.4).dispatches
+    assert (message.key_hash, message.task_name) == (H, TASK)
+    assert message.seq != dispatch.seq  # a new message
+    assert fire(backend, 0.4, dispatch.seq).action is FireAction.DROP  # the refused one
+    claim = fire(backend, 0.4, message.seq).claim
+    assert claim is not None and (claim.payload, claim.triggers) == (["b"], 2)
 
 
-def test_abort_removes_the_item_no_merged_trigger_sent_again(store):
+def test_the_only_trigger_of_a_released_flight_is_not_taken_back(store):
+    # A refused publish takes nothing back (release replaced abort_trigger): the trigger is
+    # counted and its flight runs once the broker is back.
     backend = get_backend()
-    _a, dispatch, undo = collect(backend, 5)
-    collect(backend, 7)
-    backend.abort_trigger(H, dispatch.seq, {**undo, "kind": dispatch.kind})
-    claim = claim_all(backend)
-    assert claim.payload == [7] and claim.triggers == 1
+    _a, dispatch = trig(backend, "a", 0, wait=0)
+    assert dispatch is not None and dispatch.countdown == 0
+    backend.release([dispatch], now=at(0))
+    live = backend.live_state(H)
+    assert (live["pending"], live["triggers"], live["flight_id"]) == (1, 1, 1)
+    assert view(store)["entry"] == us(at(0))
+    (message,) = take(backend, 0.01, wait=0).dispatches
+    assert fire(backend, 0.02, message.seq, wait=0).claim.triggers == 1
 
 
-def test_collected_items_keep_trigger_order_after_an_abort(store):
-    # Found by the property test (Redis): items were scored by the trigger total, which an
-    # abort takes back, so the item after an abort could tie with an earlier one and Redis
-    # ordered ties by text: "1" before "10".
+def test_a_late_release_of_a_message_that_claimed_changes_nothing(store):
+    # The broker may refuse a message the store already moved past (claimed by an earlier
+    # delivery of it, or replaced): the release is for that message only.
     backend = get_backend()
-    _a, dispatch, undo = collect(backend, "a")
-    collect(backend, 2)
-    collect(backend, 10)
-    backend.abort_trigger(H, dispatch.seq, {**undo, "kind": dispatch.kind})
-    collect(backend, 1)
-    assert claim_all(backend).payload == [2, 10, 1]
-
-
-def test_a_trigger_that_makes_the_flight_due_before_its_message_publishes(store):
-    # Found by the property test: the hot paths (Redis's merge in Lua, the one-statement
-    # UPDATE on PostgreSQL) merged a trigger whose flight is due (its anchor + max_wait)
-    # before the outstanding message, here the one a finishing run published for "now",
-    # after the flight's due time; the full path publishes a message for the earlier time,
-    # as the contract says (scheduled_at > due).
-    backend = get_backend()
-
-    def trigger(value):
-        return trig(backend, value, wait=0.2, max_wait=0.2)
-
-    _r, first, _u = trigger(1)
-    time.sleep(0.25)
-    claim = backend.fire(H, first.seq, overlap=False, lease=60).claim
+    _a, dispatch = trig(backend, "a", 0, wait=0)
+    claim = fire(backend, 0, dispatch.seq, wait=0).claim
     assert claim is not None
-    trigger(2)  # during the run: due 0.2 s later, scheduled by the finishing run
-    time.sleep(0.3)
-    assert backend.finish(H, claim.run_id, ok=True) is not None  # a message for now
-    time.sleep(0.05)
-    result, dispatch, _undo = trigger(3)  # due at first + max_wait: before that message
-    assert dispatch is not None and dispatch.kind == "fire" and dispatch.countdown == 0
-    assert result.scheduled
+    trig(backend, "b", 0.1)  # during the run: its finish schedules the flight
+    before = view(store)
+    backend.release([dispatch], now=at(0.2))
+    assert view(store) == before
 
 
-def test_a_watchdog_parked_for_a_retried_run_serves_the_next_run(store):
-    # Found by the property test (Redis): a retry (or a lost lease) forgot the watchdog parked
-    # for the run's lease end, so a trigger during the next run published a second one. The
-    # parked one still arrives and re-arms for the live run: no second watchdog is needed.
+def test_a_release_after_a_retry_rejoined_the_flight_keeps_the_run_items(store):
+    # Port of an abort_trigger regression (the database store lost the run's items): a run's
+    # retry lands between a trigger and the release of its refused publish; the run's items
+    # rejoin the flight, first, and the release only untakes the message.
     backend = get_backend()
-    trig(backend, "a", wait=0)
-    first = backend.fire(H, None, overlap=False, lease=60).claim
-    _b, watchdog, _undo = trig(backend, "b", wait=0)
-    assert watchdog is not None and watchdog.kind == "watch"
-    follow = backend.finish(H, first.run_id, ok=False, retry_in=0)
-    assert follow is not None
-    second = backend.fire(H, follow.seq, overlap=False, lease=60).claim
-    assert second is not None and second.triggers == 2
-    _c, dispatch, _undo = trig(backend, "c", wait=0)
-    assert dispatch is None  # the parked watchdog covers the live run
-    # it arrives after both leases ran out (a dead worker): the flight is redone (I7)
-    redo = backend.watch(H, watchdog.seq, now=timezone.now() + timedelta(seconds=61))
-    assert redo is not None and redo.kind == "fire"
-
-
-def test_abort_of_a_flight_opening_trigger_keeps_the_last_trigger_time(store):
-    # Found by the property test: taking back the trigger that opened a flight cleared the
-    # key's last trigger time, so with leading=True the next trigger, inside the wait of the
-    # key's real last trigger, ran at once as a leading edge; as if the aborted trigger had
-    # not been made (I8), it opens a trailing flight.
-    backend = get_backend()
-
-    def trigger(value):
-        return trig(backend, value, wait=5, leading=True)
-
-    _a, leading, _undo = trigger("a")
-    assert leading is not None and leading.countdown == 0
-    claim = backend.fire(H, leading.seq, overlap=False, lease=60).claim
+    items = {"wait": 1, "overlap": True, "collect_limit": 10, "lease": 600}
+    _x, first = trig(backend, "x", 0, **items)
+    run = fire(backend, 1, first.seq, **items).claim
+    assert run is not None and run.payload == ["x"]
+    _w, dispatch = trig(backend, "w", 1.1, **items)  # a flight of its own (overlap)
+    assert dispatch is not None and dispatch.countdown == pytest.approx(1.0)
+    follow = finish(backend, run.run_id, 1.5, Finish(ok=False, error="E", retry_in=0), **items)
+    assert follow is None  # w's message is out for 2.1
+    backend.release([dispatch], now=at(1.6))  # ... and it was refused
+    state = view(store, collect=True)
+    assert (state["payload"], state["attempt"], state["entry"]) == (["x", "w"], 1, us(at(2.1)))
+    (message,) = take(backend, 2.1, **items).dispatches
+    claim = fire(backend, 2.1, message.seq, **items).claim
     assert claim is not None
-    backend.finish(H, claim.run_id, ok=True)
-    _b, dispatch, undo = trigger("b")  # inside the window: a trailing flight
-    assert dispatch is not None and dispatch.countdown > 3
-    backend.abort_trigger(H, dispatch.seq, {**undo, "kind": dispatch.kind})
-    _c, again, _undo = trigger("c")
-    assert again is not None and again.countdown > 3  # trailing still, not a leading edge
+    assert (claim.payload, claim.triggers, claim.attempt) == (["x", "w"], 2, 1)
+
+
+def test_a_release_after_a_retry_rejoined_the_flight_keeps_the_backoff(store):
+    # As above, with a backoff: the released flight goes back to the index at its due time,
+    # which the retry moved to its backoff's end (the retry does not run before it).
+    backend = get_backend()
+    o = {"wait": 1, "overlap": True, "lease": 600}
+    _x, first = trig(backend, "x", 0, **o)
+    run = fire(backend, 1, first.seq, **o).claim
+    _w, dispatch = trig(backend, "w", 1.1, **o)  # due at 2.1, out at once
+    finish(backend, run.run_id, 1.5, Finish(ok=False, error="E", retry_in=30), **o)
+    backend.release([dispatch], now=at(1.6))
+    state = view(store)
+    assert state["not_before"] == state["due"] == state["entry"] == us(at(31.5))
+    assert take(backend, 2.1, **o).dispatches == []
+    decision = fire(backend, 25, **o)  # an in-process claim: not before the backoff (I3)
+    assert decision.action is FireAction.REARM and decision.dispatch is None
+    (message,) = take(backend, 31.5, **o).dispatches
+    claim = fire(backend, 31.5, message.seq, **o).claim
+    assert (claim.payload, claim.triggers, claim.attempt) == (["w"], 2, 1)
+
+
+# == the pump's take ========================================================================
+
+
+def test_take_with_a_limit_takes_the_earliest_entries_and_leaves_the_rest(store):
+    backend = get_backend()
+    keys = [hashed(i, shard=3) for i in range(5)]  # one Redis shard: one index to read
+    for i, key in reversed(list(enumerate(keys))):  # made latest first, due earliest first
+        trig(backend, "a", 0.1 * (5 - i), key_hash=key, wait=2 + 0.1 * (2 * i - 5))
+    dues = [view(store, key)["entry"] for key in keys]
+    assert dues == sorted(dues) and len(set(dues)) == 5
+    first = take(backend, 10, limit=2)
+    assert [d.key_hash for d in first.dispatches] == keys[:2]
+    assert first.next_in is not None and first.next_in <= 0  # more is due
+    assert [view(store, key)["entry"] for key in keys[2:]] == dues[2:]  # untouched
+    second = take(backend, 10, limit=2)
+    assert [d.key_hash for d in second.dispatches] == keys[2:4]
+    last = take(backend, 10, limit=2)
+    assert [d.key_hash for d in last.dispatches] == keys[4:]
+    grace = conf.seconds_of("DISPATCH_GRACE")
+    assert last.next_in == pytest.approx(grace)  # the taken messages' deadline
+    assert take(backend, 10, limit=2).dispatches == []
+
+
+def test_take_with_a_limit_over_several_shards_takes_each_entry_once(store):
+    backend = get_backend()
+    keys = [hashed(i, shard=i % 16) for i in range(20)]
+    for i, key in enumerate(keys):
+        trig(backend, "a", 0.01 * i, key_hash=key, wait=2)
+    taken = []
+    for _ in range(10):
+        got = take(backend, 5, limit=3).dispatches
+        assert len(got) <= 3
+        taken += [d.key_hash for d in got]
+    assert sorted(taken) == sorted(keys)
+
+
+def test_an_early_entry_is_moved_later_by_take_without_a_message(store):
+    backend = get_backend()
+    _a, none = trig(backend, "a", 0, wait=2)
+    assert none is None  # due in 2 s: beyond the pump interval, it waits in the index
+    merged, none = trig(backend, "b", 1.5, wait=2)  # a plain merge: the entry stays
+    assert none is None and merged.due_at == at(3.5)
+    assert view(store)["entry"] == us(at(2))
+    early = take(backend, 2, wait=2)
+    assert early.dispatches == [] and early.next_in == pytest.approx(1.5)
+    state = view(store)
+    assert (state["entry"], state["taken"], state["seq"]) == (us(at(3.5)), False, 0)
+    (message,) = take(backend, 3.5, wait=2).dispatches
+    assert fire(backend, 3.5, message.seq, wait=2).claim.payload == ["b"]
+
+
+def test_a_message_taken_again_keeps_its_sequence_and_the_duplicate_is_dropped(store):
+    # A message not claimed within DEBOUNCE_DISPATCH_GRACE (lost by the broker, or slow) is
+    # taken again with the same sequence: whichever copy arrives first claims, the other is
+    # dropped (I5).
+    backend = get_backend()
+    grace = conf.seconds_of("DISPATCH_GRACE")
+    trig(backend, "a", 0, wait=2)
+    (message,) = take(backend, 2, wait=2).dispatches  # ... and the broker loses it
+    state = view(store)
+    assert (state["taken"], state["entry"]) == (True, us(at(2 + grace)))
+    trig(backend, "b", 3, wait=2)  # merges: the flight's message is out
+    assert take(backend, 2 + grace - 1e-6, wait=2).dispatches == []
+    again = take(backend, 2 + grace, wait=2)
+    assert again.again == 1 and [(d.key_hash, d.seq) for d in again.dispatches] == [
+        (H, message.seq)
+    ]
+    claim = fire(backend, 2 + grace, message.seq, wait=2).claim
+    assert claim is not None and (claim.payload, claim.triggers) == (["b"], 2)
+    assert fire(backend, 2 + grace + 0.1, message.seq, wait=2).action is FireAction.DROP
+    assert backend.live_state(H)["runs"] == 1
+
+
+def test_pumps_in_several_processes_never_take_one_entry_twice(store):
+    backend = get_backend()
+    keys = [hashed(i) for i in range(1200)]
+    options = opts(wait=2)
+    results = backend.trigger_many(
+        task_name=TASK,
+        items=[(f"edge:{k[:8]}", k, dumps(["a"])) for k in keys],
+        options=options,
+        now=at(0),
+    )
+    assert all(dispatch is None for _result, dispatch in results)  # due in 2 s: the index
+    per_process = take_from_processes(
+        {TASK: asdict(options)}, processes=4, limit=5, now_us=us(at(3))
+    )
+    taken = [item for took, errors in per_process for item in took]
+    assert [errors for _took, errors in per_process] == [[], [], [], []]
+    assert len(taken) == len(set(taken)) == len(keys)  # each key once, by one pump
+    assert {key for key, _seq in taken} == set(keys)
+    assert take(backend, 3).dispatches == []
+    for key, seq in taken[:5]:
+        assert view(store, key)["seq"] == seq  # the message each pump published claims
+        assert fire(backend, 3, seq, key_hash=key, wait=2).action is FireAction.CLAIM
+
+
+# == leases: an operation at exactly the lease end finds the run lost =======================
+
+
+@pytest.fixture
+def live_run(store):
+    """A run of ``H`` claimed by a message at 1 with a lease of 1 s (it ends at 2)."""
+    backend = get_backend()
+    _a, dispatch = trig(backend, "a", 0, wait=0)
+    claim = fire(backend, 1, dispatch.seq, wait=0, lease=1).claim
+    assert claim is not None and view(store)["entry"] == us(at(2))
+    return claim, dispatch.seq
+
+
+@pytest.mark.parametrize("delta", [0, -1e-6], ids=["at-the-end", "just-before"])
+@pytest.mark.parametrize("op", ["heartbeat", "extend", "take", "trigger", "finish", "fire"])
+def test_an_operation_at_the_lease_end_finds_the_run_lost(store, live_run, op, delta):
+    # Found by the property test: at now == running_until every operation counts the lease
+    # as run out (the run is lost), 1 us before it is live; heartbeat and extend extended it
+    # at the end, and the database store's recovery skipped it.
+    backend = get_backend()
+    claim, seq = live_run
+    t = 2 + delta
+    lost = delta == 0
+    o = {"wait": 0, "lease": 1}
+    if op == "heartbeat":
+        got = backend.heartbeat(H, claim.run_id, 1, task_name=TASK, options=opts(**o), now=at(t))
+        assert got is not lost
+    elif op == "extend":
+        (got,) = backend.extend([LiveRun(H, seq, 1, TASK, opts(**o))], now=at(t))
+        assert got == (None if lost else pytest.approx(1.0))
+    elif op == "take":
+        got = take(backend, t, **o).dispatches
+        assert [(d.key_hash, d.countdown) for d in got] == ([(H, 0)] if lost else [])
+    elif op == "trigger":
+        result, _dispatch = trig(backend, "b", t, **o)
+        assert result.pending == (2 if lost else 1)  # the lost run's trigger rejoined
+    elif op == "finish":
+        follow = finish(backend, claim.run_id, t, **o)
+        assert (follow is not None) is lost  # the lost run's flight, out at once
+    else:
+        decision = fire(backend, t, **o)  # an in-process claim
+        assert decision.action is (FireAction.CLAIM if lost else FireAction.DROP)
+    live = backend.live_state(H)
+    if not lost:
+        assert live["runs"] == 1
+        assert live["state"] == ("idle" if op == "finish" else "running")
+    elif op in ("heartbeat", "extend"):
+        # neither recovers a lease: the run is lost for the next step that looks (the pump)
+        assert view(store)["running_until"] == us(at(2))
+        assert [d.key_hash for d in take(backend, t, **o).dispatches] == [H]
+    else:
+        assert (live["state"], live["runs"]) == (("running", 1) if op == "fire" else ("pending", 0))
+        assert view(store)["run_id"] == (2 if op == "fire" else 1)
+
+
+def test_extend_of_a_run_that_is_not_live_returns_none(store, live_run):
+    backend = get_backend()
+    claim, seq = live_run
+    o = opts(wait=0, lease=1)
+    other = hashed(1)
+    _b, dispatch = trig(backend, "b", 1, key_hash=other, wait=0)
+    fire(backend, 1, dispatch.seq, key_hash=other, wait=0, lease=1)
+    runs = [LiveRun(H, seq, 1, TASK, o), LiveRun(other, dispatch.seq, 1, TASK, o)]
+    assert backend.extend(runs, now=at(1.5)) == [pytest.approx(1.0), pytest.approx(1.0)]
+    assert view(store)["entry"] == us(at(2.5))  # the index follows the lease
+    assert backend.extend([LiveRun(H, seq + 1, 1, TASK, o)], now=at(1.6)) == [None]  # not its
+    finish(backend, claim.run_id, 1.7, wait=0, lease=1)
+    assert backend.extend(runs, now=at(1.8)) == [None, pytest.approx(1.0)]  # finished
+    assert backend.extend([LiveRun(hashed(2), 1, 1, TASK, o)], now=at(1.8)) == [None]  # unknown
+    # a run claimed in-process (run_due) has no message: the keeper never extends it
+    trig(backend, "c", 2, wait=0)
+    assert fire(backend, 2, wait=0, lease=1).claim is not None
+    assert backend.extend([LiveRun(H, 0, 1, TASK, o)], now=at(2.1)) == [None]
 
 
 def test_a_finish_after_the_lease_keeps_the_run_lost(store):
@@ -251,15 +346,53 @@ def test_a_finish_after_the_lease_keeps_the_run_lost(store):
     # out recovered the lease (its triggers back to pending) and then returned without
     # saving the row, so the key stayed "running" on an expired lease.
     backend = get_backend()
-    trig(backend, "a", wait=0)
-    start = timezone.now() + timedelta(seconds=1)
-    claim = backend.fire(H, None, overlap=False, lease=1, now=start).claim
+    trig(backend, "a", 0, wait=0)
+    claim = fire(backend, 1, wait=0, lease=1).claim
     assert claim is not None
-    late = start + timedelta(seconds=2)
-    follow = backend.finish(H, claim.run_id, ok=True, now=late)
-    assert follow is not None and follow.kind == "fire"  # the recovered flight's message
+    follow = finish(backend, claim.run_id, 3, wait=0, lease=1)
+    assert follow is not None and follow.countdown == 0  # the recovered flight's message
     live = backend.live_state(H)
     assert (live["state"], live["pending"], live["runs"]) == ("pending", 1, 0)
+    assert view(store)["entry"] == us(at(3)) + round(conf.seconds_of("DISPATCH_GRACE") * 1e6)
+
+
+def test_a_lost_run_is_found_by_the_pump_at_its_lease_end(store):
+    # Port of a lease-watchdog regression: a retry, then a run whose worker dies. No watchdog
+    # message now: the live run's lease end is its key's index entry, and the pump redoes
+    # the run (I7), with the triggers that came during it.
+    backend = get_backend()
+    o = {"wait": 0, "lease": 60}
+    _a, first = trig(backend, "a", 0, **o)
+    run = fire(backend, 0, first.seq, **o).claim
+    trig(backend, "b", 0.1, **o)  # during the run: its finish schedules the flight
+    follow = finish(backend, run.run_id, 0.2, Finish(ok=False, error="E", retry_in=0), **o)
+    assert follow is not None
+    second = fire(backend, 0.2, follow.seq, **o).claim
+    assert second is not None and second.triggers == 2
+    _c, none = trig(backend, "c", 0.3, **o)
+    assert none is None  # the live run's finish would schedule it
+    assert view(store)["entry"] == us(at(60.2))  # ... but its worker dies
+    assert take(backend, 60.2 - 1e-6, **o).dispatches == []
+    (message,) = take(backend, 60.2, **o).dispatches
+    redo = fire(backend, 60.3, message.seq, **o).claim
+    assert redo is not None and (redo.triggers, redo.payload, redo.attempt) == (3, ["c"], 2)
+
+
+# == quiet periods kept when claimed triggers rejoin a flight (I3) ==========================
+
+
+def test_lease_lost_just_after_a_trigger_keeps_that_trigger_quiet_period(store):
+    backend = get_backend()
+    trig(backend, "a", 0, wait=0)
+    assert fire(backend, 0, wait=0, lease=0.5).claim is not None
+    trig(backend, "b", 0.35, wait=1)  # due at 1.35, after the lease ends
+    assert take(backend, 0.6, wait=1).dispatches == []  # the run is lost: "a" rejoins
+    state = view(store)
+    assert (state["pending"], state["running_until"]) == (2, None)
+    assert state["due"] == state["entry"] == us(at(1.35))
+    decision = fire(backend, 0.6, wait=1)
+    assert decision.action is FireAction.REARM  # not claimed before b's due time (I3)
+    assert decision.dispatch.countdown == pytest.approx(0.75)
 
 
 def test_a_lost_run_rejoining_a_flight_does_not_cut_a_newer_trigger_quiet_period(store):
@@ -268,176 +401,95 @@ def test_a_lost_run_rejoining_a_flight_does_not_cut_a_newer_trigger_quiet_period
     # made the flight due before the due time already given to a newer trigger (I3). A
     # flight's due time never moves earlier with a later trigger now.
     backend = get_backend()
-    t0 = timezone.now()
-
-    def trigger(value, at):
-        return trig(
-            backend, value, wait=2, max_wait=3.5, overlap=True, now=t0 + timedelta(seconds=at)
-        )
-
-    trigger("a", 0)
-    claim = backend.fire(H, None, overlap=True, lease=1, now=t0 + timedelta(seconds=2)).claim
-    assert claim is not None  # run 1, lease until t0 + 3; its worker dies
-    b, _d, _u = trigger("b", 2.5)  # a new flight during the run (overlap), due at t0 + 4.5
-    c, _d, _u = trigger("c", 3.5)  # run 1 is lost first: "a" rejoins, with its first time
+    o = {"wait": 2, "max_wait": 3.5, "overlap": True, "lease": 1}
+    trig(backend, "a", 0, **o)
+    claim = fire(backend, 2, **o).claim
+    assert claim is not None  # run 1, lease until 3; its worker dies
+    b, _d = trig(backend, "b", 2.5, **o)  # a new flight during the run (overlap), due 4.5
+    c, _d = trig(backend, "c", 3.5, **o)  # run 1 is lost first: "a" rejoins, with its time
     assert c.due_at >= b.due_at
-    decision = backend.fire(H, None, overlap=True, lease=1, now=t0 + timedelta(seconds=3.6))
-    assert decision.action is FireAction.REARM  # not before b's due time
+    assert fire(backend, 3.6, **o).action is FireAction.REARM  # not before b's due time
 
 
-def test_a_heartbeat_at_the_lease_end_is_too_late(store):
-    # Found by the property test: at now == running_until every operation counts the lease
-    # as run out (the run is lost), but heartbeat still extended it.
+def test_a_retried_run_rejoining_a_flight_does_not_cut_a_newer_trigger_quiet_period(store):
     backend = get_backend()
-    trig(backend, "a", wait=0)
-    start = timezone.now() + timedelta(seconds=1)
-    claim = backend.fire(H, None, overlap=False, lease=1, now=start).claim
-    assert claim is not None
-    end = start + timedelta(seconds=1)
-    assert not backend.heartbeat(H, claim.run_id, 1, now=end)
-    assert backend.heartbeat(H, claim.run_id, 1, now=end - timedelta(microseconds=1))
+    o = {"wait": 2}
+    trig(backend, "a", 0, **o)
+    run = fire(backend, 2, **o).claim
+    b, none = trig(backend, "b", 2.5, **o)  # due at 4.5; the live run's finish schedules it
+    assert none is None and b.due_at == at(4.5)
+    follow = finish(backend, run.run_id, 3, Finish(ok=False, error="E", retry_in=0), **o)
+    assert follow is None  # due in 1.5 s: in the index (not at once, with the retry)
+    state = view(store)
+    assert (state["pending"], state["due"], state["entry"]) == (2, us(at(4.5)), us(at(4.5)))
+    assert fire(backend, 3.5, **o).action is FireAction.REARM
 
 
-def test_recover_at_the_lease_end_redoes_the_run(store):
-    # Found by the property test (database store): recover() looked for leases that ran out
-    # with running_until < now, so at exactly the lease end (when every operation counts
-    # the run as lost) it skipped the key.
+# == collected items ========================================================================
+
+
+def test_collected_items_keep_trigger_order(store):
+    # Found by the property test (Redis): items were scored by a counter a refused publish
+    # took back, so an item could tie with an earlier one and Redis ordered ties by text
+    # ("1" before "10"). Items come in trigger order: after a release, and when a lost run's
+    # items rejoin the flight (first, before the items that came during the run).
     backend = get_backend()
-    trig(backend, "a", wait=0)
-    start = timezone.now() + timedelta(seconds=1)
-    claim = backend.fire(H, None, overlap=False, lease=1, now=start).claim
-    assert claim is not None
-    ((_task, dispatch),) = backend.recover(grace=60, now=start + timedelta(seconds=1))
-    assert dispatch.kind == "fire" and dispatch.countdown == 0
-    assert backend.live_state(H)["state"] == "pending"
+    o = {"wait": 1, "collect_limit": 10, "lease": 1}
+    _a, dispatch = trig(backend, "a", 0, **o)
+    trig(backend, 2, 0.1, **o)
+    backend.release([dispatch], now=at(0.15))
+    trig(backend, 10, 0.2, **o)
+    trig(backend, 2, 0.3, **o)  # already in the flight
+    trig(backend, 1, 0.4, **o)
+    claim = fire(backend, 2, **o).claim
+    assert claim.payload == ["a", 2, 10, 1] and claim.triggers == 5
+    trig(backend, 3, 2.1, **o)  # during the run; its worker dies
+    trig(backend, "b", 2.2, **o)
+    trig(backend, 0, 3, **o)  # at the lease end: the run is lost, its items come first
+    assert view(store, collect=True)["payload"] == ["a", 2, 10, 1, 3, "b", 0]
+    redo = fire(backend, 4, **o).claim
+    assert redo.payload == ["a", 2, 10, 1, 3, "b", 0] and redo.triggers == 8
 
 
-def test_recover_with_a_long_grace_leaves_overdue_messages_to_the_next_trigger(store):
-    # recover(grace=...) of the purge command may be longer than DEBOUNCE_DISPATCH_GRACE;
-    # the Redis store kept the hot path's "merge until" from recover's grace, so a trigger
-    # after DISPATCH_GRACE merged into a flight whose message is overdue instead of
-    # publishing a new one, as the full path (and the database store) do.
-    from django.test import override_settings
-
-    with override_settings(DEBOUNCE_DISPATCH_GRACE=5):
-        backend = get_backend()
-        t0 = timezone.now()
-        backend.trigger(
-            task_name="testapp.record",
-            key="edge",
-            key_hash=H,
-            payload={"args": ["a"], "kwargs": {}},
-            wait=1,
-            max_wait=None,
-            now=t0,
-        )  # its message, due at t0 + 1, is lost
-        assert backend.recover(grace=60, now=t0 + timedelta(seconds=2)) == []  # not overdue
-        _r, dispatch, _u = backend.trigger(
-            task_name="testapp.record",
-            key="edge",
-            key_hash=H,
-            payload={"args": ["b"], "kwargs": {}},
-            wait=1,
-            max_wait=None,
-            now=t0 + timedelta(seconds=7),
-        )
-        assert dispatch is not None  # the message is overdue by DISPATCH_GRACE: publish anew
-
-
-def test_abort_after_a_retry_rejoined_the_flight_keeps_the_run_items(store):
-    # A run's retry can land between a trigger and the abort of its failed publish: the
-    # run's items rejoin the flight. The database store then put back the item list from
-    # before the trigger and lost the run's items (I1); only the aborted item goes now.
+def test_a_collected_flight_that_fills_up_goes_out_before_its_message(store):
+    # Found by the property test: a trigger that made the flight due before the message out
+    # (here: the batch filled up) merged without a message for the earlier time. A full batch
+    # goes out at once; the message for the later time is dropped when it arrives.
     backend = get_backend()
-    t0 = timezone.now()
-
-    def item(value, at):
-        return backend.trigger(
-            task_name="testapp.record",
-            key="edge",
-            key_hash=H,
-            payload=value,
-            payload_json=dumps(value),
-            wait=1,
-            max_wait=None,
-            overlap=True,
-            collect_limit=10,
-            now=t0 + timedelta(seconds=at),
-        )
-
-    def at(seconds):
-        return t0 + timedelta(seconds=seconds)
-
-    item("x", 0)
-    run = backend.fire(H, None, overlap=True, lease=600, now=at(1), collect_limit=10).claim
-    assert run is not None and run.payload == ["x"]
-    item("w", 1.1)  # a flight of its own (overlap); its message goes missing
-    _y, dispatch, undo = item("y", 90)  # w's message is overdue: y publishes anew, and fails
-    assert dispatch is not None
-    backend.finish(H, run.run_id, ok=False, retry_in=0, now=at(90.1))  # "x" rejoins
-    backend.abort_trigger(H, dispatch.seq, {**undo, "kind": dispatch.kind})
-    claim = backend.fire(H, None, overlap=True, lease=600, now=at(95), collect_limit=10).claim
-    assert claim is not None
-    assert claim.payload == ["x", "w"] and claim.triggers == 2
+    o = {"wait": 0.5, "collect_limit": 3}
+    _1, later = trig(backend, 1, 0, **o)
+    assert later is not None and later.countdown == pytest.approx(0.5)
+    _2, none = trig(backend, 2, 0.1, **o)
+    assert none is None
+    full, now = trig(backend, 3, 0.2, **o)
+    assert now is not None and now.countdown == 0 and full.scheduled
+    assert fire(backend, 0.2, now.seq, **o).claim.payload == [1, 2, 3]
+    assert fire(backend, 0.5, later.seq, **o).action is FireAction.DROP
 
 
-def test_abort_after_a_retry_rejoined_the_flight_keeps_the_runs_same_item(store):
-    # As above, the aborted trigger's item being the run's own: the item the trigger added
-    # came back with the run's trigger, which still needs it. It used to go all the same
-    # (nothing came after the aborted trigger), and the run's trigger was never run (I1).
+# == cancelled flights ======================================================================
+
+
+def test_a_message_of_a_cancelled_flight_is_dropped(store):
     backend = get_backend()
-    t0 = timezone.now()
-
-    def item(value, at):
-        return backend.trigger(
-            task_name="testapp.record",
-            key="edge",
-            key_hash=H,
-            payload=value,
-            payload_json=dumps(value),
-            wait=1,
-            max_wait=None,
-            overlap=True,
-            collect_limit=10,
-            now=t0 + timedelta(seconds=at),
-        )
-
-    def at(seconds):
-        return t0 + timedelta(seconds=seconds)
-
-    item("x", 0)
-    run = backend.fire(H, None, overlap=True, lease=600, now=at(1), collect_limit=10).claim
-    assert run is not None and run.payload == ["x"]
-    item("w", 1.1)  # a flight of its own (overlap); its message goes missing
-    _x, dispatch, undo = item("x", 90)  # adds "x" again, publishes anew (overdue), and fails
-    assert dispatch is not None
-    backend.finish(H, run.run_id, ok=False, retry_in=0, now=at(90.1))  # the run's "x" rejoins
-    backend.abort_trigger(H, dispatch.seq, {**undo, "kind": dispatch.kind})
-    claim = backend.fire(H, None, overlap=True, lease=600, now=at(95), collect_limit=10).claim
-    assert claim is not None
-    assert claim.payload == ["x", "w"] and claim.triggers == 2
+    _a, dispatch = trig(backend, "a", 0)
+    assert backend.cancel(H, task_name=TASK, options=opts(), now=at(0.1)) == 1
+    assert view(store)["entry"] is None
+    assert fire(backend, 0.3, dispatch.seq).action is FireAction.DROP
+    _b, again = trig(backend, "b", 0.4)  # a new flight, a new message
+    assert again is not None and again.seq != dispatch.seq
+    assert fire(backend, 0.7, dispatch.seq).action is FireAction.DROP  # still stale
+    claim = fire(backend, 0.7, again.seq).claim
+    assert claim is not None and (claim.payload, claim.triggers) == (["b"], 1)
+    live = backend.live_state(H)
+    assert (live["triggers"], live["cancelled"], live["runs"]) == (2, 1, 1)
 
 
-def test_abort_after_a_retry_rejoined_the_flight_keeps_the_backoff(store):
-    # As above, with a backoff: the due time put back from before the aborted trigger was
-    # earlier than the retry's not_before, so the retry could run before its countdown.
+def test_a_cancelled_flight_leaves_the_index(store):
     backend = get_backend()
-    t0 = timezone.now()
-
-    def trigger(value, at):
-        return trig(backend, value, wait=1, overlap=True, now=t0 + timedelta(seconds=at))
-
-    def at(seconds):
-        return t0 + timedelta(seconds=seconds)
-
-    trigger("x", 0)
-    run = backend.fire(H, None, overlap=True, lease=600, now=at(1)).claim
-    assert run is not None
-    trigger("w", 1.1)  # a flight of its own (overlap), due at 2.1; its message goes missing
-    _y, dispatch, undo = trigger("y", 90)  # w's message is overdue: y publishes, and fails
-    assert dispatch is not None
-    backend.finish(H, run.run_id, ok=False, retry_in=30, now=at(90.1))  # not before 120.1
-    backend.abort_trigger(H, dispatch.seq, {**undo, "kind": dispatch.kind})
-    decision = backend.fire(H, None, overlap=True, lease=600, now=at(95))
-    assert decision.action is FireAction.REARM
-    assert decision.dispatch.countdown == pytest.approx(25.1)
+    trig(backend, "a", 0, wait=5)
+    assert view(store)["entry"] == us(at(5))
+    assert backend.cancel(H, task_name=TASK, options=opts(wait=5), now=at(1)) == 1
+    assert view(store)["entry"] is None
+    assert take(backend, 6, wait=5).dispatches == []
+    assert backend.live_state(H)["pending"] == 0

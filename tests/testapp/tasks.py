@@ -263,12 +263,17 @@ def _recursive(store: str):
         leading=True,
         name=name,
         backend=store,
-        key=lambda tag, arg="", then=None: tag,
+        key=lambda tag, arg="", then=None, pause=0.0: tag,
     )
-    def recursive(tag: str, arg: str = "", then: list | None = None, *, debounce: RunInfo) -> None:
-        _body(name, tag, 0, debounce, payload={"arg": arg})
+    def recursive(
+        tag: str, arg: str = "", then: list | None = None, pause: float = 0.0, *, debounce: RunInfo
+    ) -> None:
+        _body(name, tag, pause, debounce, payload={"arg": arg})
         if then:
-            recursive.trigger(tag, then[0], then[1:])
+            # the calls after the first come 2 lodash ms into their run: lodash makes them
+            # exactly `wait` after the previous call (a leading edge by 0 ms); in real time a
+            # run's own latencies would put them a few ms either side of that boundary
+            recursive.trigger(tag, then[0], then[1:], 2 * LODASH_MS)
 
     return recursive
 
