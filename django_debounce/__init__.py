@@ -6,12 +6,19 @@ Public API (docs/design.md, "Public API"): ``debounced_task``, ``debounced_recei
 
 from typing import TYPE_CHECKING, Any
 
-__all__ = ["debounced_task", "debounced_receiver", "trigger_many", "TriggerResult", "RunInfo"]
+__all__ = [
+    "debounced_task",
+    "debounced_receiver",
+    "trigger_many",
+    "TriggerResult",
+    "RunInfo",
+    "KeyStatus",
+]
 __version__ = "0.2.0.dev0"
 
 if TYPE_CHECKING:
     from django_debounce.decorators import debounced_receiver, debounced_task, trigger_many
-    from django_debounce.state import RunInfo, TriggerResult
+    from django_debounce.state import KeyStatus, RunInfo, TriggerResult
 
 
 def __getattr__(name: str) -> Any:
@@ -20,7 +27,7 @@ def __getattr__(name: str) -> Any:
         from django_debounce import decorators
 
         return getattr(decorators, name)
-    if name in ("TriggerResult", "RunInfo"):
+    if name in ("TriggerResult", "RunInfo", "KeyStatus"):
         from django_debounce import state
 
         return getattr(state, name)

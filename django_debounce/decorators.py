@@ -241,6 +241,7 @@ def debounced_task(
 
     def decorate(fn: F) -> Any:
         _check_not_async(fn, "debounced_task")
+        _check_reserved(fn)
         base = celery_options.pop("base", DebouncedTask)
         if not (isinstance(base, type) and issubclass(base, DebouncedTask)):
             raise ImproperlyConfigured("base= must be a subclass of django_debounce DebouncedTask.")
@@ -583,6 +584,24 @@ def _collect_body(task_holder: list[Any]) -> Callable[..., Any]:
         )
 
     return body
+
+
+def _check_reserved(fn: Callable[..., Any]) -> None:
+    """A body may not name a parameter as a trigger call's own keywords (``debounce_wait``,
+    ``debounce_max_wait``): ``trigger()`` takes them for itself."""
+    from django_debounce.tasks import MAX_WAIT_KWARG, WAIT_KWARG
+
+    try:
+        names = set(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return
+    taken = sorted(names & {WAIT_KWARG, MAX_WAIT_KWARG})
+    if taken:
+        raise TypeError(
+            f"The parameter(s) {', '.join(taken)} of {getattr(fn, '__qualname__', fn)!r} are "
+            "reserved: trigger() takes them as this trigger's own wait and max_wait. Rename "
+            "them."
+        )
 
 
 def _check_not_async(fn: Callable[..., Any], decorator: str) -> None:

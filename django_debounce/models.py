@@ -149,6 +149,15 @@ class DebounceKey(models.Model):
             "first trigger."
         ),
     )
+    bound_at = models.DateTimeField(
+        _("max_wait bound"),
+        null=True,
+        blank=True,
+        help_text=_(
+            "The open flight runs no later than this: the smallest anchor + max_wait among its "
+            "triggers (a trigger may give its own max_wait)."
+        ),
+    )
     payload = models.JSONField(
         _("payload"), null=True, blank=True, help_text=_("Payload of the last trigger (JSON).")
     )
@@ -199,6 +208,15 @@ class DebounceKey(models.Model):
         default=0,
         help_text=_("Retries already made for the triggers of the open flight (0: first try)."),
     )
+    attempted = models.PositiveIntegerField(
+        _("attempted triggers"),
+        default=0,
+        db_default=0,
+        help_text=_(
+            "Triggers of the open flight (collect: items) that a failed or lost run already "
+            "covered: when its attempts run out, only these are given up."
+        ),
+    )
     not_before = models.DateTimeField(
         _("retry not before"),
         null=True,
@@ -227,6 +245,18 @@ class DebounceKey(models.Model):
         null=True,
         blank=True,
         help_text=_("The max_wait anchor of the flight the live run claimed."),
+    )
+    run_bound_at = models.DateTimeField(
+        _("max_wait bound of live run"),
+        null=True,
+        blank=True,
+        help_text=_("The max_wait bound of the flight the live run claimed."),
+    )
+    run_attempted = models.PositiveIntegerField(
+        _("attempted triggers of live run"),
+        default=0,
+        db_default=0,
+        help_text=_("Triggers claimed by the live run that an earlier attempt covered."),
     )
     running_until = models.DateTimeField(
         _("lease until"),

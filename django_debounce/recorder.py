@@ -13,7 +13,7 @@ Record fields (``|``-separated, see ``record()`` in common.lua): kind, key id, t
 time, then the key's pending, flight id, first and last trigger, due time, run id, lease
 end, totals (triggers, runs, merged, cancelled), last run, the run id the record is about,
 and what the kind adds: a claim its flight, claimed triggers, first/last trigger, due time
-and attempt; a finish its outcome and error text.
+and attempt; a finish its outcome, the triggers the run covered and the error text.
 """
 
 from __future__ import annotations
@@ -172,7 +172,7 @@ def apply(records: list[Record]) -> None:
                 rows[row.key_hash] = row
         latest: dict[str, Record] = {}
         new_runs: dict[tuple[int, int], DebounceRun] = {}
-        ended: dict[tuple[int, int], tuple[str, datetime | None, str]] = {}
+        ended: dict[tuple[int, int], tuple[str, datetime | None, str, int | None]] = {}
         for r in records:
             row = rows.get(r.key_hash)
             if row is None:
@@ -196,15 +196,20 @@ def apply(records: list[Record]) -> None:
                     delay=max((r.at - last) / US, 0.0),
                 )
             elif r.kind in ("f", "l"):
+                covered: int | None = None
                 if r.kind == "f":
-                    outcome, _, error = r.extra.partition("|")
+                    outcome, _, rest = r.extra.partition("|")
+                    count, _, error = rest.partition("|")
+                    covered = int(count) if count.isdigit() else None
                 else:
                     outcome, error = DebounceRun.Outcome.LOST, "lease ran out"
-                ended[(row.pk, r.about_run)] = (outcome, _dt(r.at), error)
-        for (pk, run_id), (outcome, at, error) in list(ended.items()):
+                ended[(row.pk, r.about_run)] = (outcome, _dt(r.at), error, covered)
+        for (pk, run_id), (outcome, at, error, covered) in list(ended.items()):
             run = new_runs.get((pk, run_id))
             if run is not None:  # claimed and ended within the batch: one row, already ended
                 run.outcome, run.finished_at, run.error = outcome, at, error
+                if covered is not None:
+                    run.triggers = covered
                 del ended[(pk, run_id)]
         if new_runs:
             DebounceRun.objects.using(db).bulk_create(
@@ -222,11 +227,13 @@ def apply(records: list[Record]) -> None:
                 end = ended.get((run.debounce_key_id, run.run_id))
                 if end is None:
                     continue
-                run.outcome, run.finished_at, run.error = end
+                run.outcome, run.finished_at, run.error, covered = end
+                if covered is not None:
+                    run.triggers = covered  # a give-up covers only the attempted triggers
                 changed.append(run)
             if changed:
                 DebounceRun.objects.using(db).bulk_update(
-                    changed, ["outcome", "finished_at", "error"]
+                    changed, ["outcome", "finished_at", "error", "triggers"]
                 )
         keys = []
         for key_hash, r in latest.items():

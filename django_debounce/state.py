@@ -64,11 +64,15 @@ class Dispatch:
 @dataclass(frozen=True)
 class Finish:
     """How a run ended: ``ok``; else ``error`` (its text) and ``retry_in`` (seconds until the
-    retry, ``None`` for a final failure)."""
+    retry, ``None`` for a final failure). ``give_up``: the flow gave the flight up without
+    running it (its attempts ran out with lost runs): only the claimed triggers that an attempt
+    covered fail; the others go back to pending, due at once (``Claim.attempted`` says how
+    many were attempted)."""
 
     ok: bool
     error: str = ""
     retry_in: float | None = None
+    give_up: bool = False
 
 
 @dataclass(frozen=True)
@@ -111,7 +115,8 @@ class Claim:
     """A due flight turned into a run by the worker (the *claim* step).
 
     ``payload`` is the last trigger's payload, or the list of collected items (``collect``);
-    ``attempt`` counts the retries made before this run (0: first try).
+    ``attempt`` counts the retries made before this run (0: first try); ``attempted`` how many
+    of its triggers (collect: items, the first ones) an earlier attempt already covered.
     """
 
     key_hash: str
@@ -127,6 +132,7 @@ class Claim:
     started_at: datetime
     store: str = "d"
     attempt: int = 0
+    attempted: int = 0
 
 
 class FireAction(enum.StrEnum):
@@ -173,3 +179,31 @@ class RunInfo:
         if self._heartbeat is None:
             return True
         return self._heartbeat()
+
+
+@dataclass(frozen=True)
+class KeyStatus:
+    """What ``task.status(*args)`` says about one key, without triggering it.
+
+    - ``key``: the readable key; ``state``: ``idle``, ``pending`` or ``running``;
+    - ``pending``: triggers waiting in the open flight; ``flight_id`` its number;
+    - ``due_at``: when the open flight may run (aware UTC; ``None`` when nothing is pending);
+    - ``running``: a run of the key is live, holding its lease until ``lease_until``;
+    - ``last_run_at``, ``last_outcome``: the last run's start and outcome (``success``,
+      ``failure``, ``retry``, ``lost``, or ``""``);
+    - ``triggers``, ``runs``, ``merged``, ``cancelled``: the key's totals.
+    """
+
+    key: str
+    state: str
+    pending: int
+    flight_id: int
+    due_at: datetime | None
+    running: bool
+    lease_until: datetime | None
+    last_run_at: datetime | None
+    last_outcome: str
+    triggers: int
+    runs: int
+    merged: int
+    cancelled: int

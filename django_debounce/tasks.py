@@ -21,7 +21,14 @@ from celery import Task
 from celery.exceptions import Retry
 from celery.utils.time import get_exponential_backoff_interval
 from django.core.exceptions import ImproperlyConfigured
-from django.db import DEFAULT_DB_ALIAS, InterfaceError, OperationalError, connections, transaction
+from django.db import (
+    DEFAULT_DB_ALIAS,
+    InterfaceError,
+    OperationalError,
+    connections,
+    router,
+    transaction,
+)
 
 from django_debounce import conf, observe
 from django_debounce.backends import get_backend
@@ -43,7 +50,15 @@ from django_debounce.keys import (
     key_hash,
     payload_signature,
 )
-from django_debounce.state import Claim, Finish, FireAction, FlightOptions, RunInfo, TriggerResult
+from django_debounce.state import (
+    Claim,
+    Finish,
+    FireAction,
+    FlightOptions,
+    KeyStatus,
+    RunInfo,
+    TriggerResult,
+)
 
 logger = logging.getLogger("django_debounce")
 
@@ -250,9 +265,13 @@ class DebouncedTask(Task):
     def trigger(self, *args: Any, **kwargs: Any) -> TriggerResult:
         """Count one trigger for the key of these arguments; the body runs later, once per burst.
 
-        Arguments are those of the task body and must be JSON-serialisable. Inside
-        ``transaction.atomic()`` the trigger counts only when the transaction commits
-        (``on_commit=True``, the default); the result then has ``deferred=True``.
+        Arguments are those of the task body and must be JSON-serialisable. Two keywords are
+        this call's own: ``debounce_wait`` and ``debounce_max_wait`` (seconds, or
+        ``timedelta``) override the task's ``wait`` and ``max_wait`` for this trigger (its
+        flight is due ``wait`` after its last trigger, bounded by the smallest ``anchor +
+        max_wait`` among its triggers). Inside ``transaction.atomic()`` the trigger counts
+        only when the transaction commits (``on_commit=True``, the default); the result then
+        has ``deferred=True``.
 
         Returns a ``TriggerResult``. Raises ``TypeError`` for arguments that do not fit the
         signature or are not JSON. A trigger never fails because the broker is down: its
@@ -260,10 +279,7 @@ class DebouncedTask(Task):
         raises only when no store can record it.
         """
         _refuse_in_event_loop(self.name, "atrigger")
-        key, payload, encoded = self._resolve(args, kwargs)
-        return self.trigger_payload(
-            key, payload, using=self.alias_of(payload), payload_json=encoded
-        )
+        return self._trigger_sync(*args, **kwargs)
 
     async def atrigger(self, *args: Any, **kwargs: Any) -> TriggerResult:
         """``trigger()`` for async code (an ``async def`` view, an ASGI app), as Django's
@@ -275,9 +291,77 @@ class DebouncedTask(Task):
         return await sync_to_async(self._trigger_sync, thread_sensitive=True)(*args, **kwargs)
 
     def _trigger_sync(self, *args: Any, **kwargs: Any) -> TriggerResult:
+        options = self._call_options(kwargs.pop(WAIT_KWARG, None), kwargs.pop(MAX_WAIT_KWARG, None))
         key, payload, encoded = self._resolve(args, kwargs)
         return self.trigger_payload(
-            key, payload, using=self.alias_of(payload), payload_json=encoded
+            key, payload, using=self.alias_of(payload), payload_json=encoded, options=options
+        )
+
+    def _call_options(self, wait: Any, max_wait: Any) -> FlightOptions | None:
+        """The options of one trigger given ``debounce_wait``/``debounce_max_wait`` at the
+        call (``None``: the task's). Raises ``TypeError``/``ValueError`` naming the fix."""
+        if wait is None and max_wait is None:
+            return None
+        base = self.flight_options()
+        if wait is not None:
+            wait = _call_seconds(wait, WAIT_KWARG)
+        else:
+            wait = base.wait
+        if max_wait is not None:
+            max_wait = _call_seconds(max_wait, MAX_WAIT_KWARG)
+        else:
+            max_wait = base.max_wait
+        if max_wait is not None and max_wait < wait:
+            max_wait = wait  # as lodash: maxWait is never below wait
+        return dataclasses.replace(base, wait=wait, max_wait=max_wait)
+
+    def status(self, *args: Any, **kwargs: Any) -> KeyStatus | None:
+        """The key of these arguments as its store holds it now (pending triggers, due time,
+        live run, last run and outcome, totals), without triggering it; ``None`` when the key
+        is unknown (never triggered, or purged). Arguments as ``trigger()``'s. Live values
+        come from Redis for keys the Redis store holds."""
+        _refuse_in_event_loop(self.name, "astatus")
+        return self._status(args, kwargs)
+
+    async def astatus(self, *args: Any, **kwargs: Any) -> KeyStatus | None:
+        """``status()`` for async code (runs in a thread, as ``atrigger()``)."""
+        from asgiref.sync import sync_to_async
+
+        return await sync_to_async(self._status, thread_sensitive=True)(args, kwargs)
+
+    def _status(self, args: tuple, kwargs: dict) -> KeyStatus | None:
+        from django_debounce.models import DebounceKey
+
+        key = self._key_of(args, kwargs)
+        hashed = key_hash(self.name, key)
+        values = self.get_backend().live_rows([hashed]).get(hashed)
+        row = (
+            DebounceKey.objects.using(router.db_for_read(DebounceKey))
+            .filter(key_hash=hashed)
+            .values(
+                "key", "state", "pending", "flight_id", "due_at", "running_until",
+                "last_run_at", "last_outcome", "triggers", "runs", "merged", "cancelled",
+            )
+            .first()
+        )  # fmt: skip
+        if values is None and row is None:
+            return None
+        merged = {**(row or {}), **(values or {})}
+        lease = merged.get("running_until")
+        return KeyStatus(
+            key=(row or {}).get("key") or key,
+            state=str(merged.get("state") or "idle"),
+            pending=int(merged.get("pending") or 0),
+            flight_id=int(merged.get("flight_id") or 0),
+            due_at=merged.get("due_at") if merged.get("pending") else None,
+            running=lease is not None,
+            lease_until=lease,
+            last_run_at=merged.get("last_run_at"),
+            last_outcome=str(merged.get("last_outcome") or ""),
+            triggers=int(merged.get("triggers") or 0),
+            runs=int(merged.get("runs") or 0),
+            merged=int(merged.get("merged") or 0),
+            cancelled=int(merged.get("cancelled") or 0),
         )
 
     def trigger_s(self, *args: Any, **kwargs: Any) -> Any:
@@ -301,7 +385,13 @@ class DebouncedTask(Task):
         return None
 
     def trigger_payload(
-        self, key: str, payload: Any, *, using: str | None = None, payload_json: str | None = None
+        self,
+        key: str,
+        payload: Any,
+        *,
+        using: str | None = None,
+        payload_json: str | None = None,
+        options: FlightOptions | None = None,
     ) -> TriggerResult:
         """Count one trigger for an already resolved ``key`` and JSON ``payload``.
 
@@ -316,13 +406,22 @@ class DebouncedTask(Task):
         alias = deferring_alias(using) if on_commit else None
         if alias is not None:
             transaction.on_commit(
-                partial(self._trigger_now, key, payload, payload_json, deferred=True), using=alias
+                partial(
+                    self._trigger_now, key, payload, payload_json, deferred=True, options=options
+                ),
+                using=alias,
             )
             return TriggerResult(key, None, None, None, scheduled=False, deferred=True)
-        return self._trigger_now(key, payload, payload_json)
+        return self._trigger_now(key, payload, payload_json, options=options)
 
     def _trigger_now(
-        self, key: str, payload: Any, payload_json: str | None = None, *, deferred: bool = False
+        self,
+        key: str,
+        payload: Any,
+        payload_json: str | None = None,
+        *,
+        deferred: bool = False,
+        options: FlightOptions | None = None,
     ) -> TriggerResult:
         backend = self.get_backend()
         result, dispatch = backend.trigger(
@@ -330,7 +429,7 @@ class DebouncedTask(Task):
             key=key,
             key_hash=key_hash(self.name, key),
             payload_json=payload_json if payload_json is not None else dumps(payload),
-            options=self.flight_options(),
+            options=options or self.flight_options(),
         )
         if dispatch is not None and not is_eager(self):
             # Due within the pump interval: out at once. A failed publish puts the flight
@@ -602,11 +701,13 @@ class DebouncedTask(Task):
         if max_retries is not None and claim.attempt > max_retries:
             # Runs lost with their worker (killed, out of memory) count as attempts too: a
             # flight that keeps killing its worker is given up like one that keeps failing.
+            # Only its triggers that an attempt covered are given up: a trigger made after
+            # the last attempt was lost goes back to pending and gets a run of its own.
             error = (
                 f"given up after {claim.attempt} attempts (max_retries={max_retries}); "
                 "the last ones were lost with their worker"
             )
-            self._finish(backend, claim, ok=False, error=error)
+            self._finish(backend, claim, ok=False, error=error, give_up=True)
             observe.run_finished(self, claim, time.monotonic(), observe.FAILURE, error)
             return None
         args, kwargs = self.call_arguments(claim.payload)
@@ -659,12 +760,13 @@ class DebouncedTask(Task):
         ok: bool,
         error: str = "",
         retry_in: float | None = None,
+        give_up: bool = False,
     ) -> None:
         try:
             follow = backend.finish(
                 claim.key_hash,
                 claim.run_id,
-                Finish(ok=ok, error=error, retry_in=retry_in),
+                Finish(ok=ok, error=error, retry_in=retry_in, give_up=give_up),
                 task_name=self.name,
                 options=self.flight_options(),
                 store=claim.store,
@@ -682,6 +784,28 @@ class DebouncedTask(Task):
             if not follow.label:
                 follow = dataclasses.replace(follow, label=claim.key)
             publish_or_release(self, backend, follow)
+
+
+# The keywords of a trigger call that are not the task's arguments: this trigger's own wait
+# and max_wait (a task body may not name a parameter so).
+WAIT_KWARG = "debounce_wait"
+MAX_WAIT_KWARG = "debounce_max_wait"
+
+
+def _call_seconds(value: Any, name: str) -> float:
+    """A duration given at a trigger call, in seconds. Raises ``TypeError``/``ValueError``
+    naming the keyword and the accepted forms."""
+    from datetime import timedelta
+
+    if isinstance(value, timedelta):
+        value = value.total_seconds()
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name}= takes seconds (int or float) or a timedelta, got {value!r}.")
+    if not (0 <= value <= conf.MAX_SECONDS):
+        raise ValueError(
+            f"{name}= must be from 0 to {conf.MAX_SECONDS:.0f} seconds (a year), got {value!r}."
+        )
+    return float(value)
 
 
 def _refuse_in_event_loop(task_name: str, instead: str) -> None:

@@ -59,6 +59,15 @@ def canon(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
+def _min(a: int | None, b: int | None) -> int | None:
+    """The smaller of two optional times (``None``: none)."""
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return min(a, b)
+
+
 def union(first: list[Any], then: list[Any]) -> list[Any]:
     """``first`` followed by the items of ``then`` not already in it (by JSON value)."""
     out = list(first)
@@ -138,6 +147,7 @@ class KeyModel:
     first: int | None = None
     last: int | None = None
     anchor: int | None = None
+    bound: int | None = None  # the smallest anchor + max_wait among the flight's triggers
     due: int | None = None
     payload: Any = None
     seq: int = 0
@@ -151,8 +161,11 @@ class KeyModel:
     run_payload: Any = None
     run_first: int | None = None
     run_anchor: int | None = None
+    run_bound: int | None = None
+    run_attempted: int = 0
     run_attempt: int = 0
     attempt: int = 0
+    attempted: int = 0  # triggers of the open flight that an attempt (a lost or failed run) covered
     not_before: int | None = None
     due_fixed: bool = False
     last_run_at: int | None = None
@@ -208,32 +221,47 @@ class KeyModel:
         self.run_payload = None
         self.run_first = None
         self.run_anchor = None
+        self.run_bound = None
+        self.run_attempted = 0
         self.run_attempt = 0
 
     def _unclaim(self, now: int) -> None:
         claimed = self.run_triggers
         self.runs = max(self.runs - 1, 0)
         self.merged = max(self.merged - max(claimed - 1, 0), 0)
+        size = self._run_size()
+        self._rejoin(now, claimed, self.run_payload)
+        # every claimed trigger (collect: item) was attempted now (the run failed or was lost)
+        self.attempted += size
+        self.attempt = max(self.attempt, self.run_attempt)
+        self._end_run()
+
+    def _rejoin(self, now: int, claimed: int, run_payload: Any) -> None:
+        """``claimed`` triggers of the live run go back to pending with ``run_payload``: as the
+        open flight, due at once, when nothing is pending; else into it (the newer payload
+        wins; collected items of the run come first; the earlier first trigger, anchor and
+        bound are kept)."""
         if self.pending == 0:
             self.flight_id += 1
             self.first = self.run_first
             self.anchor = self.run_anchor
+            self.bound = self.run_bound
             self.last = self.last if self.last is not None else self.run_first
-            self.payload = copy.deepcopy(self.run_payload)
+            self.payload = copy.deepcopy(run_payload)
             self.due = now
             self.due_fixed = False
             self.taken = False
             self.taken_at = None
+            self.attempted = 0
         else:
             assert self.first is not None and self.run_first is not None
             self.first = min(self.first, self.run_first)
             assert self.anchor is not None and self.run_anchor is not None
             self.anchor = min(self.anchor, self.run_anchor)
+            self.bound = _min(self.bound, self.run_bound)
             if self.cfg.collect:
-                self.payload = union(self.run_payload or [], self.payload or [])
+                self.payload = union(run_payload or [], self.payload or [])
         self.pending += claimed
-        self.attempt = max(self.attempt, self.run_attempt)
-        self._end_run()
 
     def _recover_lease(self, now: int) -> bool:
         if self.running_until is None or self.running_until > now:
@@ -245,30 +273,38 @@ class KeyModel:
         self.events.append(lost)
         return True
 
-    def _edge(self, now: int) -> str:
+    def _edge(self, now: int, wait: int, max_wait: int | None) -> str:
         cfg = self.cfg
         if cfg.leading:
-            if self.last is None or now - self.last >= cfg.wait:
+            if self.last is None or now - self.last >= wait:
                 return "leading"
-            if cfg.max_wait is not None and (
-                self.last_run_at is None or now - self.last_run_at >= cfg.max_wait
+            if max_wait is not None and (
+                self.last_run_at is None or now - self.last_run_at >= max_wait
             ):
                 return "leading"
         return "trailing" if cfg.trailing else "drop"
 
-    def _anchor(self, now: int) -> int:
+    def _anchor(self, now: int, wait: int, max_wait: int | None) -> int:
         """Where ``max_wait`` of a flight opened now counts from (lodash's lastInvokeTime):
         the last run's claim while the stream goes on, else now."""
-        cfg = self.cfg
         if (
-            cfg.max_wait is not None
+            max_wait is not None
             and self.last is not None
-            and now - self.last < cfg.wait
+            and now - self.last < wait
             and self.last_run_at is not None
-            and now - self.last_run_at < cfg.max_wait
+            and now - self.last_run_at < max_wait
         ):
             return self.last_run_at
         return now
+
+    def options(self, wait: int | None, max_wait: int | None) -> tuple[int, int | None]:
+        """A trigger's ``wait`` and ``max_wait``: its own when given, else the task's;
+        ``max_wait`` is never below ``wait`` (as lodash's)."""
+        wait = self.cfg.wait if wait is None else wait
+        max_wait = self.cfg.max_wait if max_wait is None else max_wait
+        if max_wait is not None and max_wait < wait:
+            max_wait = wait
+        return wait, max_wait
 
     def is_plain_merge(self, now: int) -> bool:
         """A trigger the stores' hot paths take: it only joins an open flight (no edge, no
@@ -279,8 +315,14 @@ class KeyModel:
 
     # -- operations -----------------------------------------------------------------------
 
-    def trigger(self, now: int, payload: Any) -> tuple[TriggerOut, Msg | None]:
+    def trigger(
+        self, now: int, payload: Any, wait: int | None = None, max_wait: int | None = None
+    ) -> tuple[TriggerOut, Msg | None]:
+        """A trigger; ``wait``/``max_wait`` (its own, or ``None``: the task's) decide its
+        edge, and its due time: ``last + wait`` bounded by the smallest ``anchor + max_wait``
+        among the flight's triggers."""
         cfg = self.cfg
+        wait, max_wait = self.options(wait, max_wait)
         self.exists = True
         if self.is_plain_merge(now):
             assert self.due is not None and self.anchor is not None
@@ -288,10 +330,12 @@ class KeyModel:
             self.triggers += 1
             self.last = now
             self.payload = payload
+            if max_wait is not None:
+                self.bound = _min(self.bound, self.anchor + max_wait)
             if not self.due_fixed:
-                due = now + cfg.wait
-                if cfg.max_wait is not None:
-                    due = min(due, self.anchor + cfg.max_wait)
+                due = now + wait
+                if self.bound is not None:
+                    due = min(due, self.bound)
                 self.due = max(due, self.due)
             if self.not_before is not None:
                 self.due = max(self.due, self.not_before)
@@ -299,7 +343,7 @@ class KeyModel:
         self._recover_lease(now)
         opened = self.pending == 0
         if opened:
-            edge = self._edge(now)
+            edge = self._edge(now, wait, max_wait)
             if edge == "drop":
                 self.triggers += 1
                 self.cancelled += 1
@@ -308,10 +352,12 @@ class KeyModel:
                 return TriggerOut(self.flight_id, 0, None, False), None
             self.flight_id += 1
             self.first = now
-            self.anchor = self._anchor(now)
+            self.anchor = self._anchor(now, wait, max_wait)
+            self.bound = None
             self.payload = [] if cfg.collect else None
             self.due_fixed = edge == "leading"
             self.attempt = 0
+            self.attempted = 0
             self.not_before = None
             self.taken = False
             self.taken_at = None
@@ -331,13 +377,19 @@ class KeyModel:
         if self.due_fixed and not opened:
             assert self.due is not None
             due = self.due
+            if max_wait is not None and self.anchor is not None:
+                self.bound = _min(self.bound, self.anchor + max_wait)
         elif self.due_fixed or full:
             due = now
+            if max_wait is not None and self.anchor is not None:
+                self.bound = _min(self.bound, self.anchor + max_wait)
         else:
             assert self.anchor is not None
-            due = now + cfg.wait
-            if cfg.max_wait is not None:
-                due = min(due, self.anchor + cfg.max_wait)
+            if max_wait is not None:
+                self.bound = _min(self.bound, self.anchor + max_wait)
+            due = now + wait
+            if self.bound is not None:
+                due = min(due, self.bound)
             if not opened and self.due is not None:
                 # never earlier than the due time given to the flight's earlier triggers (I3):
                 # a lost or retried run that rejoined it brought an older first trigger
@@ -438,7 +490,12 @@ class KeyModel:
         self.run_payload = copy.deepcopy(payload)
         self.run_first = self.first
         self.run_anchor = self.anchor
+        self.run_bound = self.bound
         self.run_attempt = self.attempt
+        # the attempted triggers (collect: items) come first, so the run takes them first
+        size = len(payload or []) if cfg.collect else claimed
+        self.run_attempted = min(self.attempted, size)
+        self.attempted -= self.run_attempted
         self.runs += 1
         self.merged += claimed - 1
         self.attempt = 0
@@ -463,15 +520,24 @@ class KeyModel:
             self.payload = None
             self.first = None
             self.anchor = None
+            self.bound = None
             self.due = None
             self.due_fixed = False
+            self.attempted = 0
         self._reindex()
         return FireOut("claim", dispatch=follow, claim=claim)
 
     def current(self, run_id: int) -> bool:
         return self.run_id == run_id and self.running_until is not None
 
-    def finish(self, now: int, run_id: int, *, ok: bool, retry_in: int | None) -> Msg | None:
+    def finish(
+        self, now: int, run_id: int, *, ok: bool, retry_in: int | None, give_up: bool = False
+    ) -> Msg | None:
+        """The end of run ``run_id``: ``ok``; a failure to retry in ``retry_in``; a final
+        failure; or, with ``give_up`` (the flow gave the flight up without running it: its
+        attempts ran out), a final failure of the claimed triggers that an attempt covered,
+        while the others (triggers that came after the lost attempt) go back to pending,
+        due at once, with no attempt made."""
         if not self.exists:
             return None
         lost = self._recover_lease(now)
@@ -491,6 +557,8 @@ class KeyModel:
             self.not_before = now + retry_in
             self.due = max(self.due if self.due is not None else now, self.not_before)
             self.due_fixed = False
+        elif give_up and 0 < self.run_attempted < self._run_size():
+            self._give_up(now)
         else:
             self._end_run()
         msg = None
@@ -501,6 +569,27 @@ class KeyModel:
                 msg = self._schedule(at, now)
         self._reindex()
         return msg
+
+    def _run_size(self) -> int:
+        """The live run's claimed triggers (collect: items)."""
+        return len(self.run_payload or []) if self.cfg.collect else self.run_triggers
+
+    def _give_up(self, now: int) -> None:
+        """The live run is given up for the triggers an attempt covered; the others go back
+        to pending (a flight due at once, no attempt made)."""
+        if self.cfg.collect:
+            back_payload = (self.run_payload or [])[self.run_attempted :]
+            back = len(back_payload)
+        else:
+            back_payload = self.run_payload
+            back = self.run_triggers - self.run_attempted
+        self.merged = max(self.merged - back, 0)
+        attempted, pending_before = self.attempted, self.pending
+        self._rejoin(now, back, back_payload)
+        self.attempted = attempted if pending_before else 0
+        if not pending_before:
+            self.attempt = 0
+        self._end_run()
 
     def heartbeat(self, now: int, run_id: int, lease: int) -> bool:
         """Extend run ``run_id``'s lease to ``now + lease`` (a lease that ran out is not)."""
@@ -548,9 +637,10 @@ class KeyModel:
             self.cancelled += dropped
             self.pending = 0
             self.payload = None
-            self.first = self.anchor = self.due = None
+            self.first = self.anchor = self.bound = self.due = None
             self.due_fixed = False
             self.attempt = 0
+            self.attempted = 0
             self.not_before = None
             self._next_seq(now)  # any message out is now stale
             self.taken = False
@@ -590,6 +680,8 @@ class KeyModel:
             "first": self.first,
             "last": self.last,
             "anchor": self.anchor if self.pending else None,
+            "bound": self.bound if self.pending else None,
+            "attempted": self.attempted if self.pending else 0,
             "due": self.due,
             "payload": (self.payload or []) if collect else self.payload,
             "due_fixed": self.due_fixed,
@@ -606,6 +698,8 @@ class KeyModel:
             "run_payload": (self.run_payload or []) if collect else self.run_payload,
             "run_first": self.run_first,
             "run_attempt": self.run_attempt,
+            "run_attempted": self.run_attempted if self.running_until is not None else 0,
+            "run_bound": self.run_bound if self.running_until is not None else None,
             "last_run_at": self.last_run_at,
             "triggers": self.triggers,
             "runs": self.runs,

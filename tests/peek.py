@@ -4,11 +4,10 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime, timedelta
-from datetime import timezone as dt_timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
-EPOCH = datetime(1970, 1, 1, tzinfo=dt_timezone.utc)
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def us(value: datetime | None) -> int | None:
@@ -52,6 +51,8 @@ def peek_redis(backend: Any, key_hash: str, task_name: str, collect: bool) -> di
         "first": first,
         "last": last,
         "anchor": anchor,
+        "bound": t("bd") if pending else None,
+        "attempted": n("ac") if pending else 0,
         "due": t("d"),
         "payload": items(base + ":c") if collect else js("pl"),
         "due_fixed": bool(n("df")),
@@ -68,6 +69,8 @@ def peek_redis(backend: Any, key_hash: str, task_name: str, collect: bool) -> di
         "run_payload": items(base + ":r") if collect else js("rp"),
         "run_first": t("rf"),
         "run_attempt": n("rr"),
+        "run_attempted": n("rc") if n("ru") else 0,
+        "run_bound": t("rb") if n("ru") else None,
         "last_run_at": t("lr"),
         "triggers": n("T"),
         "runs": n("R"),
@@ -89,6 +92,8 @@ def peek_database(key_hash: str, collect: bool) -> dict[str, Any] | None:
         "first": us(row.first_trigger_at),
         "last": us(row.last_trigger_at),
         "anchor": us(row.anchor_at) if row.pending else None,
+        "bound": us(row.bound_at) if row.pending else None,
+        "attempted": row.attempted if row.pending else 0,
         "due": us(row.due_at),
         "payload": (row.payload or []) if collect else row.payload,
         "due_fixed": row.due_fixed,
@@ -105,6 +110,8 @@ def peek_database(key_hash: str, collect: bool) -> dict[str, Any] | None:
         "run_payload": (row.run_payload or []) if collect else row.run_payload,
         "run_first": us(row.run_first_trigger_at),
         "run_attempt": row.run_attempt,
+        "run_attempted": row.run_attempted if row.running_until else 0,
+        "run_bound": us(row.run_bound_at) if row.running_until else None,
         "last_run_at": us(row.last_run_at),
         "triggers": row.triggers,
         "runs": row.runs,

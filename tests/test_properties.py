@@ -35,9 +35,8 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass, field
-from datetime import datetime, timedelta
-from datetime import timezone as dt_timezone
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -65,8 +64,8 @@ from tests.peek import peek_database, peek_redis
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_workers")]
 
-EPOCH = datetime(1970, 1, 1, tzinfo=dt_timezone.utc)
-START = int(datetime(2030, 1, 1, tzinfo=dt_timezone.utc).timestamp()) * US
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+START = int(datetime(2030, 1, 1, tzinfo=UTC).timestamp()) * US
 RETAKE = 5 * US  # DEBOUNCE_DISPATCH_GRACE during these tests
 DIRECT = US  # DEBOUNCE_PUMP_INTERVAL during these tests
 TASK = "testapp.prop"  # key i belongs to task TASK + str(i) (each its own configuration)
@@ -140,6 +139,7 @@ class Rec:
     status: str = "pending"  # pending, claimed, cancelled, dropped
     run: int | None = None
     exempt: bool = False  # flushed, or in a flight due at once (leading edge, full batch)
+    attempted: bool = False  # a run that covered it failed or was lost
 
 
 @dataclass
@@ -252,7 +252,7 @@ class StoreAgainstModel(RuleBasedStateMachine):
             run.status = "lost"
             for rec in key.recs:
                 if rec.status == "claimed" and rec.run == run_id:
-                    rec.status, rec.run = "pending", None
+                    rec.status, rec.run, rec.attempted = "pending", None, True
         key.model.events.clear()
         if recovers:
             key.touched = now
@@ -279,22 +279,38 @@ class StoreAgainstModel(RuleBasedStateMachine):
 
     # -- triggers -----------------------------------------------------------------------------
 
-    @rule(k=st.integers(0, 1), value=st.sampled_from(VALUES), fails=st.booleans())
-    def trigger(self, k: int, value: Any, fails: bool = False) -> None:
-        """A trigger; when it returns a message to publish at once, the publish may fail
-        (the broker is down): the caller releases it, the flight waits in the index (I8)."""
+    @rule(
+        k=st.integers(0, 1),
+        value=st.sampled_from(VALUES),
+        fails=st.booleans(),
+        own=st.sampled_from([None, None, (0, None), (US // 4, 3 * US // 4), (3 * US, 4 * US)]),
+    )
+    def trigger(
+        self, k: int, value: Any, fails: bool = False, own: tuple[int, int | None] | None = None
+    ) -> None:
+        """A trigger (``own``: this trigger's own wait and max_wait, as ``debounce_wait=`` and
+        ``debounce_max_wait=`` give them); when it returns a message to publish at once, the
+        publish may fail (the broker is down): the caller releases it, the flight waits in the
+        index (I8)."""
         key = self.keys[k % len(self.keys)]
         payload = self.payload(key, value)
         now = self.tick()
+        opts = options(key.cfg)
+        wait = max_wait = None
+        if own is not None:
+            wait, max_wait = key.model.options(own[0], own[1])
+            opts = replace(
+                opts, wait=wait / US, max_wait=None if max_wait is None else max_wait / US
+            )
         result, dispatch = self.backend.trigger(
             task_name=key.task,
             key=key.name,
             key_hash=key.hash,
             payload_json=dumps(payload),
-            options=options(key.cfg),
+            options=opts,
             now=dt(now),
         )
-        expected, mdispatch = key.model.trigger(now, payload)
+        expected, mdispatch = key.model.trigger(now, payload, wait, max_wait)
         self.after(key, now, recovers=True)
         got = (result.flight_id, result.pending, us(result.due_at), result.scheduled)
         want = (expected.flight_id, expected.pending, expected.due_at, expected.scheduled)
@@ -536,11 +552,13 @@ class StoreAgainstModel(RuleBasedStateMachine):
     @precondition(lambda self: self.running)
     @rule(
         i=st.integers(0, 50),
-        outcome=st.sampled_from(["ok", "retry", "fail"]),
+        outcome=st.sampled_from(["ok", "retry", "fail", "give_up"]),
         retry_in=st.sampled_from([0, US // 2, 2 * US]),
         fails=st.booleans(),
     )
     def finish(self, i: int, outcome: str, retry_in: int, fails: bool = False) -> None:
+        """A run ends: ok, a failure to retry, a final failure, or given up without running
+        (its attempts ran out: only its triggers that an attempt covered fail)."""
         run = self.running.pop(i % len(self.running))
         key = self.keys[run.key]
         now = self.tick()
@@ -551,9 +569,29 @@ class StoreAgainstModel(RuleBasedStateMachine):
             and model.running_until > now
         )
         ok = outcome == "ok"
+        give_up = outcome == "give_up"
         retry = retry_in if outcome == "retry" else None
+        back_items: set[str] | None = None
+        covered = 0
+        if applies and give_up and 0 < model.run_attempted < model._run_size():
+            if key.cfg.collect:
+                back_list = (model.run_payload or [])[model.run_attempted :]
+                back_items = {canon(i) for i in back_list}
+                covered = model.run_triggers - len(back_list)
+            else:
+                back_items = set()  # by the ledger's attempted flags
+                covered = model.run_attempted
+            claimed = [r for r in key.recs if r.status == "claimed" and r.run == run.run_id]
+            if not key.cfg.collect:
+                attempted = sum(1 for r in claimed if r.attempted)
+                assert attempted == model.run_attempted, (
+                    f"attempted triggers: ledger {attempted}, model {model.run_attempted}"
+                )
         end = Finish(
-            ok=ok, error="" if ok else "boom", retry_in=None if retry is None else retry / US
+            ok=ok,
+            error="" if ok else "boom",
+            retry_in=None if retry is None else retry / US,
+            give_up=give_up,
         )
         real = self.backend.finish(
             key.hash,
@@ -564,7 +602,7 @@ class StoreAgainstModel(RuleBasedStateMachine):
             now=dt(now),
             store=run.store,
         )
-        expected = model.finish(now, run.run_id, ok=ok, retry_in=retry)
+        expected = model.finish(now, run.run_id, ok=ok, retry_in=retry, give_up=give_up)
         self.after(key, now, recovers=True)
         self.same_dispatch(key, real, expected, f"finish {key.name} run {run.run_id}")
         if real is not None and expected is not None:
@@ -580,10 +618,19 @@ class StoreAgainstModel(RuleBasedStateMachine):
             ledger.status = "retried"
             for rec in key.recs:
                 if rec.status == "claimed" and rec.run == run.run_id:
-                    rec.status, rec.run = "pending", None
+                    rec.status, rec.run, rec.attempted = "pending", None, True
             key.not_before = now + retry_in
         else:
             ledger.status = "ok" if ok else "failed"
+        if back_items is not None:
+            # given up: the triggers no attempt covered go back to pending, due at once
+            for rec in key.recs:
+                if rec.status != "claimed" or rec.run != run.run_id:
+                    continue
+                goes = canon(rec.payload) in back_items if key.cfg.collect else not rec.attempted
+                if goes:
+                    rec.status, rec.run, rec.exempt = "pending", None, True
+            ledger.triggers = covered
 
     @precondition(lambda self: self.running)
     @rule(i=st.integers(0, 50))

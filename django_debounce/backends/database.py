@@ -185,6 +185,7 @@ class _Key:
         self.retake = retake
         self.direct = direct
         self.events: list[int] = []  # run ids lost in this step
+        self.covered: int | None = None  # triggers a give-up covered (finish)
         self.extra: dict[str, Any] = {}  # other columns to write (adopt)
         orig = []
         for (attr, _col, kind), value in zip(FIELDS, row[len(HEAD) :], strict=True):
@@ -283,32 +284,72 @@ class _Key:
         self.run_payload = None
         self.run_first = None
         self.run_anchor = None
+        self.run_bound = None
+        self.run_attempted = 0
         self.run_attempt = 0
 
-    def unclaim(self, now: int) -> None:
-        """The live run's triggers go back to pending (a lost run, or a failed one to retry);
-        its claim is taken out of the totals, so I6 counts them once."""
-        claimed = self.run_triggers
-        self.runs = max(self.runs - 1, 0)
-        self.merged = max(self.merged - max(claimed - 1, 0), 0)
+    def rejoin(self, now: int, claimed: int, run_payload: Any) -> None:
+        """``claimed`` triggers of the live run go back to pending with ``run_payload``: as the
+        open flight, due at once, when nothing is pending; else into it (the newer payload
+        wins; collected items of the run come first; the earlier first trigger, anchor and
+        bound are kept). Twin of ``rejoin`` in common.lua and ``KeyModel._rejoin``."""
         if self.pending == 0:
             self.flight_id += 1
             self.first = self.run_first
             self.anchor = self.run_anchor if self.run_anchor is not None else self.run_first
+            self.bound = self.run_bound
             self.last = self.last if self.last is not None else self.run_first
-            self.payload = copy.deepcopy(self.run_payload)
+            self.payload = copy.deepcopy(run_payload)
             self.due = now
             self.due_fixed = False
             self.taken = False
             self.taken_at = None
+            self.attempted = 0
         else:
             # newer triggers keep their quiet period (I3); the run's triggers are older
             self.first = _min(self.first, self.run_first)
             self.anchor = _min(self.anchor, self.run_anchor)
+            self.bound = _min(self.bound, self.run_bound)
             if self.cfg.collect:
-                self.payload = _union(self.run_payload or [], self.payload or [])
+                self.payload = _union(run_payload or [], self.payload or [])
         self.pending += claimed
+
+    def run_size(self) -> int:
+        """The live run's claimed triggers (collect: items)."""
+        return len(self.run_payload or []) if self.cfg.collect else self.run_triggers
+
+    def unclaim(self, now: int) -> None:
+        """The live run's triggers go back to pending (a lost run, or a failed one to retry);
+        its claim is taken out of the totals, so I6 counts them once; all of them now count
+        as attempted."""
+        claimed = self.run_triggers
+        size = self.run_size()
+        self.runs = max(self.runs - 1, 0)
+        self.merged = max(self.merged - max(claimed - 1, 0), 0)
+        self.rejoin(now, claimed, self.run_payload)
+        self.attempted += size
+        if self.cfg.collect:
+            self.attempted = min(self.attempted, len(self.payload or []))
         self.attempt = max(self.attempt, self.run_attempt)
+        self.end_run()
+
+    def give_up(self, now: int) -> None:
+        """The live run is given up for the triggers an attempt covered; the others go back
+        to pending (due at once, no attempt made). Twin of finish.lua's give-up and
+        ``KeyModel._give_up``."""
+        if self.cfg.collect:
+            back_payload = (self.run_payload or [])[self.run_attempted :]
+            back = len(back_payload)
+        else:
+            back_payload = self.run_payload
+            back = self.run_triggers - self.run_attempted
+        self.merged = max(self.merged - back, 0)
+        self.covered = self.run_triggers - back
+        attempted, pending_before = self.attempted, self.pending
+        self.rejoin(now, back, back_payload)
+        self.attempted = attempted if pending_before else 0
+        if not pending_before:
+            self.attempt = 0
         self.end_run()
 
     def recover_lease(self, now: int) -> bool:
@@ -323,29 +364,28 @@ class _Key:
         self.events.append(lost)
         return True
 
-    def edge(self, now: int) -> str:
+    def edge(self, now: int, wait: int, max_wait: int | None) -> str:
         """lodash's edges: ``leading`` when the last trigger is ``wait`` or more ago
         (timeSinceLastCall) or the last run ``max_wait`` or more ago (timeSinceLastInvoke)."""
         cfg = self.cfg
         if cfg.leading:
-            if self.last is None or now - self.last >= cfg.wait:
+            if self.last is None or now - self.last >= wait:
                 return "leading"
-            if cfg.max_wait is not None and (
-                self.last_run_at is None or now - self.last_run_at >= cfg.max_wait
+            if max_wait is not None and (
+                self.last_run_at is None or now - self.last_run_at >= max_wait
             ):
                 return "leading"
         return "trailing" if cfg.trailing else "drop"
 
-    def anchor_at(self, now: int) -> int:
+    def anchor_at(self, now: int, wait: int, max_wait: int | None) -> int:
         """Where ``max_wait`` of a flight opened now counts from (lodash's lastInvokeTime):
         the last run's claim while the stream goes on, else now."""
-        cfg = self.cfg
         if (
-            cfg.max_wait is not None
+            max_wait is not None
             and self.last is not None
-            and now - self.last < cfg.wait
+            and now - self.last < wait
             and self.last_run_at is not None
-            and now - self.last_run_at < cfg.max_wait
+            and now - self.last_run_at < max_wait
         ):
             return self.last_run_at
         return now
@@ -378,16 +418,19 @@ class _Key:
         """Twin of trigger.lua and KeyModel.trigger. Returns ``(how, message)``: how is
         ``merged`` (a plain merge: the entry stays), ``dropped`` or ``counted``."""
         cfg = self.cfg
+        wait, max_wait = cfg.wait, cfg.max_wait
         if self.is_plain_merge(now):
             assert self.due is not None and self.anchor is not None
             self.pending += 1
             self.triggers += 1
             self.last = now
             self.payload = payload_json
+            if max_wait is not None:
+                self.bound = _min(self.bound, self.anchor + max_wait)
             if not self.due_fixed:
-                due = now + cfg.wait
-                if cfg.max_wait is not None:
-                    due = min(due, self.anchor + cfg.max_wait)
+                due = now + wait
+                if self.bound is not None:
+                    due = min(due, self.bound)
                 self.due = max(due, self.due)
             if self.not_before is not None:
                 self.due = max(self.due, self.not_before)
@@ -395,7 +438,7 @@ class _Key:
         self.recover_lease(now)
         opened = self.pending == 0
         if opened:
-            edge = self.edge(now)
+            edge = self.edge(now, wait, max_wait)
             if edge == "drop":
                 # trailing=False: inside the window of a leading run (lodash drops it)
                 self.triggers += 1
@@ -404,10 +447,12 @@ class _Key:
                 return "dropped", None
             self.flight_id += 1
             self.first = now
-            self.anchor = self.anchor_at(now)
+            self.anchor = self.anchor_at(now, wait, max_wait)
+            self.bound = None
             self.payload = [] if cfg.collect else None
             self.due_fixed = edge == "leading"
             self.attempt = 0
+            self.attempted = 0
             self.not_before = None
             self.taken = False
             self.taken_at = None
@@ -425,6 +470,9 @@ class _Key:
             full = len(items) >= cfg.collect_limit
         else:
             self.payload = payload_json
+        if max_wait is not None and self.anchor is not None:
+            # the flight's bound: the smallest anchor + max_wait among its triggers
+            self.bound = _min(self.bound, self.anchor + max_wait)
         if self.due_fixed and not opened:
             assert self.due is not None
             due = self.due  # a leading or full flight is not delayed by later triggers
@@ -432,9 +480,9 @@ class _Key:
             due = now
         else:
             assert self.anchor is not None
-            due = now + cfg.wait
-            if cfg.max_wait is not None:
-                due = min(due, self.anchor + cfg.max_wait)
+            due = now + wait
+            if self.bound is not None:
+                due = min(due, self.bound)
             if not opened and self.due is not None:
                 # never earlier than the due time given to the flight's earlier triggers (I3):
                 # a lost or retried run that rejoined it brought an older first trigger
@@ -519,7 +567,13 @@ class _Key:
         self.run_payload = copy.deepcopy(payload)
         self.run_first = self.first
         self.run_anchor = self.anchor
+        self.run_bound = self.bound
         self.run_attempt = self.attempt
+        # the attempted triggers (collect: items) come first, so the run takes them first
+        size = len(payload or []) if cfg.collect else claimed
+        self.run_attempted = min(self.attempted, size)
+        self.attempted -= self.run_attempted
+        claim["attempted"] = self.run_attempted
         self.runs += 1
         self.merged += claimed - 1
         self.attempt = 0
@@ -544,11 +598,15 @@ class _Key:
             self.payload = None
             self.first = None
             self.anchor = None
+            self.bound = None
             self.due = None
             self.due_fixed = False
+            self.attempted = 0
         return "claim", follow, claim
 
-    def finish(self, now: int, run_id: int, ok: bool, retry_in: int | None) -> Msg | None:
+    def finish(
+        self, now: int, run_id: int, ok: bool, retry_in: int | None, give_up: bool = False
+    ) -> Msg | None:
         """Twin of finish.lua and KeyModel.finish."""
         lost = self.recover_lease(now)
         if not self.current(run_id):
@@ -565,6 +623,8 @@ class _Key:
             self.not_before = now + retry_in
             self.due = max(self.due if self.due is not None else now, self.not_before)
             self.due_fixed = False
+        elif give_up and 0 < self.run_attempted < self.run_size():
+            self.give_up(now)
         else:
             self.end_run()
         msg = None
@@ -617,9 +677,10 @@ class _Key:
             self.cancelled += dropped
             self.pending = 0
             self.payload = None
-            self.first = self.anchor = self.due = None
+            self.first = self.anchor = self.bound = self.due = None
             self.due_fixed = False
             self.attempt = 0
+            self.attempted = 0
             self.not_before = None
             self.next_seq(now)  # any message out is now stale
             self.taken = False
@@ -769,7 +830,7 @@ class DatabaseBackend(BaseBackend):
             head = [payload_json, cfg.wait, cfg.max_wait]
             with conn.cursor() as cursor:
                 if now is not None:
-                    cursor.execute(sql.merge(True), [*head, now, key_hash])
+                    cursor.execute(sql.merge(True), [now, *head, key_hash])
                 else:
                     cursor.execute(sql.merge(False), [*head, key_hash])
                 merged = cursor.fetchone()
@@ -945,6 +1006,7 @@ class DatabaseBackend(BaseBackend):
                 started_at=to_dt(at),  # type: ignore[arg-type]
                 store=self.store,
                 attempt=claim["attempt"],
+                attempted=claim["attempted"],
             ),
         )
 
@@ -964,7 +1026,8 @@ class DatabaseBackend(BaseBackend):
             if k is None or k.store != "database":
                 return None
             applies = k.current(run_id) and k.running_until > at  # type: ignore[operator]
-            msg = k.finish(at, run_id, end.ok, retry)
+            k.covered = None
+            msg = k.finish(at, run_id, end.ok, retry, end.give_up)
             if applies:
                 k.last_outcome = outcome
             w = Writes()
@@ -974,6 +1037,8 @@ class DatabaseBackend(BaseBackend):
                 w.runs_end.append((k.pk, run_id, outcome, sql.time(at), end.error))
             self._collect(w, sql, k, at)
             sql.run(cursor, w)
+            if k.covered is not None:  # a give-up covers only the attempted triggers
+                cursor.execute(sql.run_triggers, [k.covered, k.pk, run_id])
         return self._dispatch(key_hash, msg, task_name, k.key)
 
     def heartbeat(self, key_hash, run_id, lease, *, task_name, options, now=None, store=None):

@@ -40,10 +40,12 @@ FIELDS: tuple[tuple[str, str, str], ...] = (
     ("first", "first_trigger_at", TIME),
     ("last", "last_trigger_at", TIME),
     ("anchor", "anchor_at", TIME),
+    ("bound", "bound_at", TIME),
     ("due", "due_at", TIME),
     ("payload", "payload", JSON),
     ("due_fixed", "due_fixed", BOOL),
     ("attempt", "attempt", INT),
+    ("attempted", "attempted", INT),
     ("not_before", "not_before", TIME),
     ("seq", "scheduled_seq", INT),
     ("taken", "scheduled", BOOL),
@@ -55,6 +57,8 @@ FIELDS: tuple[tuple[str, str, str], ...] = (
     ("run_payload", "run_payload", JSON),
     ("run_first", "run_first_trigger_at", TIME),
     ("run_anchor", "run_anchor_at", TIME),
+    ("run_bound", "run_bound_at", TIME),
+    ("run_attempted", "run_attempted", INT),
     ("run_attempt", "run_attempt", INT),
     ("last_run_at", "last_run_at", TIME),
     ("triggers", "triggers", INT),
@@ -204,19 +208,26 @@ class Sql:
         """A trigger that only joins the open flight (``KeyModel.is_plain_merge``; the caller
         excludes collect mode) in one ``UPDATE ... RETURNING``. Twin of the hot path of
         trigger.lua: the due time moves later only, the index entry stays, and no indexed
-        column changes (PostgreSQL updates the row in place, HOT). Parameters: payload, wait_us,
-        max_wait_us (None: no max_wait), [now,] key_hash."""
+        column changes (PostgreSQL updates the row in place, HOT). Parameters: [now,] payload,
+        wait_us, max_wait_us (None: no max_wait), key_hash."""
         text = self._texts.get(("merge", given_now))
         if text is None:
             now = "%s::timestamptz" if given_now else "STATEMENT_TIMESTAMP()"
             us = "::bigint * INTERVAL '1 microsecond'"
+            # the flight's max_wait bound: the smallest anchor + max_wait among its triggers
+            # (LEAST and GREATEST skip NULLs: no bound, no backoff)
+            bound = (
+                "(CASE WHEN c.mw IS NULL THEN k.bound_at ELSE LEAST(k.bound_at,"
+                f" COALESCE(k.anchor_at, k.first_trigger_at) + c.mw{us}) END)"
+            )
             text = self._texts["merge", given_now] = (
                 f"UPDATE {q(KEY)} AS k SET pending = k.pending + 1, triggers = k.triggers + 1,"
-                " last_trigger_at = c.now, payload = %s::jsonb,"
+                " last_trigger_at = c.now, payload = c.payload::jsonb,"
+                f" bound_at = {bound},"
                 " due_at = GREATEST(CASE WHEN k.due_fixed THEN k.due_at ELSE GREATEST(k.due_at,"
-                f" LEAST(c.now + %s{us}, COALESCE(k.anchor_at, k.first_trigger_at) + %s{us}))"
-                " END, k.not_before)"
-                f" FROM (SELECT {now} AS now) AS c"
+                f" LEAST(c.now + c.wait{us}, {bound})) END, k.not_before)"
+                f" FROM (SELECT {now} AS now, %s::text AS payload, %s::bigint AS wait,"
+                " %s::bigint AS mw) AS c"
                 " WHERE k.key_hash = %s AND k.store = 'database' AND k.pending > 0"
                 " AND (k.running_until IS NULL OR k.running_until > c.now)"
                 " RETURNING k.flight_id, k.pending, k.due_at"
@@ -393,6 +404,15 @@ class Sql:
                 )
                 out.append((text, [list(col) for col in zip(*w.runs_end, strict=True)], False))
         return out
+
+    @property
+    def run_triggers(self) -> str:
+        """Set the triggers a run covered (a give-up covers only the attempted ones).
+        Parameters: triggers, key pk, run id."""
+        return (
+            f"UPDATE {q(RUN)} SET triggers = %s WHERE debounce_key_id = %s"
+            " AND store = 'database' AND run_id = %s"
+        )
 
     def run(self, cursor: Any, w: Writes, final: tuple[str, Sequence[Any]] | None = None) -> Any:
         """Send the writes of ``w``, then ``final`` (a query whose first row is returned).

@@ -99,6 +99,7 @@ CLAIM_REPLY = (
     "follow_seq",
     "follow_countdown",
     "short_key",
+    "attempted",
 )
 
 
@@ -743,6 +744,7 @@ class RedisBackend(BaseBackend):
             started_at=_dt(reply["now"]),  # type: ignore[arg-type]
             store=self.store,
             attempt=int(reply["attempt"]),
+            attempted=int(reply["attempted"]),
         )
         fseq = int(reply["follow_seq"])
         follow = (
@@ -764,6 +766,7 @@ class RedisBackend(BaseBackend):
                 int(end.ok),
                 retry_us,
                 end.error.replace("|", "/")[:2000],
+                int(end.give_up),
             ],
         )
         seq = int(seq)

@@ -42,6 +42,26 @@ class Migration(migrations.Migration):
             name='run_seq',
             field=models.PositiveBigIntegerField(db_default=0, default=0, help_text='Sequence of the dispatch message that claimed the live run (0: claimed in process): the lease keeper extends the lease of the run its message claimed.', verbose_name='message of live run'),
         ),
+        migrations.AddField(
+            model_name='debouncekey',
+            name='attempted',
+            field=models.PositiveIntegerField(db_default=0, default=0, help_text='Triggers of the open flight (collect: items) that a failed or lost run already covered: when its attempts run out, only these are given up.', verbose_name='attempted triggers'),
+        ),
+        migrations.AddField(
+            model_name='debouncekey',
+            name='bound_at',
+            field=models.DateTimeField(blank=True, help_text='The open flight runs no later than this: the smallest anchor + max_wait among its triggers (a trigger may give its own max_wait).', null=True, verbose_name='max_wait bound'),
+        ),
+        migrations.AddField(
+            model_name='debouncekey',
+            name='run_attempted',
+            field=models.PositiveIntegerField(db_default=0, default=0, help_text='Triggers claimed by the live run that an earlier attempt covered.', verbose_name='attempted triggers of live run'),
+        ),
+        migrations.AddField(
+            model_name='debouncekey',
+            name='run_bound_at',
+            field=models.DateTimeField(blank=True, help_text='The max_wait bound of the flight the live run claimed.', null=True, verbose_name='max_wait bound of live run'),
+        ),
         AddIndexConcurrentlyOnPostgres(
             model_name='debouncekey',
             index=models.Index(condition=models.Q(('recheck_at__isnull', False)), fields=['recheck_at'], name='debounce_key_recheck'),

@@ -10,7 +10,7 @@ local dropped = s.p
 if dropped > 0 then
   s.C = s.C + dropped
   s.p = 0
-  s.ft, s.an, s.d, s.df, s.ra, s.nb = 0, 0, 0, 0, 0, 0
+  s.ft, s.an, s.bd, s.d, s.df, s.ra, s.ac, s.nb = 0, 0, 0, 0, 0, 0, 0, 0
   next_seq(s, now)  -- any message out is now stale
   s.tk, s.ta = 0, 0
   if s.cs > 0 then redis.call('DEL', c.items) end

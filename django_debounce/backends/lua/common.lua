@@ -17,8 +17,8 @@
 -- (DEBOUNCE_PUMP_INTERVAL), [6] idle TTL in ms, [7] task name.
 -- Times are integer microseconds, written with %d so no precision is lost.
 
-local NUM = {'p','f','ft','lt','an','d','T','q','tk','ta','r','ru','rs','rt','rf','rn','rr',
-             'R','M','C','lr','df','ra','nb','cs','o'}
+local NUM = {'p','f','ft','lt','an','bd','d','T','q','tk','ta','r','ru','rs','rt','rf','rn','rb',
+             'rr','rc','R','M','C','lr','df','ra','ac','nb','cs','o'}
 
 local function fmt(v) return string.format('%d', v) end
 
@@ -139,37 +139,58 @@ local function schedule(s, at, now, c)
 end
 
 local function end_run(s)
-  s.ru, s.rs, s.rt, s.rf, s.rn, s.rr = 0, 0, 0, 0, 0, 0
+  s.ru, s.rs, s.rt, s.rf, s.rn, s.rb, s.rr, s.rc = 0, 0, 0, 0, 0, 0, 0, 0
 end
 
--- The live run's triggers go back to pending (a lost run, or a failed one to retry); its
--- claim is taken out of the totals so I6 counts them once, in the run that covers them.
--- The string fields (payloads) are written at once: the caller may claim again.
-local function unclaim(s, now, c)
-  local claimed = s.rt
-  s.R = math.max(s.R - 1, 0)
-  s.M = math.max(s.M - math.max(claimed - 1, 0), 0)
+-- `claimed` triggers of the live run go back to pending: as the open flight, due at once, when
+-- nothing is pending (with `payload`, the run's, unless collecting); else into it (the newer
+-- payload wins; collected items of the run, those left in its set, come first; the earlier
+-- first trigger, anchor and max_wait bound are kept). The string fields are written at once:
+-- the caller may claim again.
+local function rejoin(s, now, c, claimed, payload)
   if s.p == 0 then
     s.f = s.f + 1
     s.ft = s.rf
     s.an = s.rn
+    s.bd = s.rb
     if s.lt == 0 then s.lt = s.rf end
     s.d = now
     s.df = 0
     s.tk, s.ta = 0, 0
-    if s.cs == 0 then redis.call('HSET', c.h, 'pl', redis.call('HGET', c.h, 'rp') or '') end
+    s.ac = 0
+    if s.cs == 0 then redis.call('HSET', c.h, 'pl', payload or '') end
   else
     -- newer triggers keep their quiet period (I3); the run's triggers are older
     s.ft = math.min(s.ft, s.rf)
     s.an = math.min(s.an, s.rn)
+    if s.rb > 0 and (s.bd == 0 or s.rb < s.bd) then s.bd = s.rb end
   end
-  redis.call('HDEL', c.h, 'rp')
   if s.cs > 0 then
     -- the run's items come first: their scores are lower, and MIN keeps the first place
     redis.call('ZUNIONSTORE', c.items, 2, c.items, c.run_items, 'AGGREGATE', 'MIN')
-    redis.call('DEL', c.run_items)
   end
   s.p = s.p + claimed
+end
+
+-- The live run's claimed triggers (collect: items).
+local function run_size(s, c)
+  if s.cs > 0 then return redis.call('ZCARD', c.run_items) end
+  return s.rt
+end
+
+-- The live run's triggers go back to pending (a lost run, or a failed one to retry); its
+-- claim is taken out of the totals so I6 counts them once, in the run that covers them; all
+-- of them now count as attempted.
+local function unclaim(s, now, c)
+  local claimed = s.rt
+  local size = run_size(s, c)
+  s.R = math.max(s.R - 1, 0)
+  s.M = math.max(s.M - math.max(claimed - 1, 0), 0)
+  rejoin(s, now, c, claimed, redis.call('HGET', c.h, 'rp'))
+  s.ac = s.ac + size
+  if s.cs > 0 then s.ac = math.min(s.ac, redis.call('ZCARD', c.items)) end
+  redis.call('HDEL', c.h, 'rp')
+  redis.call('DEL', c.run_items)
   s.ra = math.max(s.ra, s.rr)
   end_run(s)
 end

@@ -1,6 +1,8 @@
 -- End of run ARGV[8]. Twin of DatabaseBackend.finish and KeyModel.finish.
 -- ARGV (after the common header): [8] run_id, [9] ok (0/1), [10] retry_us (-1: no retry;
--- else the failed run's triggers run again no earlier than this), [11] error text.
+-- else the failed run's triggers run again no earlier than this), [11] error text, [12] give
+-- up (1: the flow gave the flight up without running it, its attempts ran out: only the
+-- triggers an attempt covered fail; the others go back to pending, due at once).
 -- Returns {applied (0/1), seq, countdown_us, lost_run_id}.
 local c = single_ctx()
 local h = c.h
@@ -28,6 +30,7 @@ if ARGV[9] == '1' then
 elseif retry >= 0 then
   outcome = 'retry'
 end
+local covered = s.rt
 if outcome == 'retry' then
   local attempt = s.rr + 1
   unclaim(s, now, c)
@@ -35,6 +38,24 @@ if outcome == 'retry' then
   s.nb = now + retry
   s.d = math.max(s.d, s.nb)
   s.df = 0
+elseif ARGV[12] == '1' and s.rc > 0 and s.rc < run_size(s, c) then
+  -- given up: the attempted triggers (first in the run) fail; the others go back to pending
+  local back, payload = 0, nil
+  if s.cs > 0 then
+    redis.call('ZREMRANGEBYRANK', c.run_items, 0, s.rc - 1)
+    back = redis.call('ZCARD', c.run_items)
+  else
+    back = s.rt - s.rc
+    payload = redis.call('HGET', h, 'rp')
+  end
+  covered = s.rt - back
+  s.M = math.max(s.M - back, 0)
+  local ac, pending = s.ac, s.p
+  rejoin(s, now, c, back, payload)
+  if pending > 0 then s.ac = ac else s.ac, s.ra = 0, 0 end
+  redis.call('DEL', c.run_items)
+  end_run(s)
+  extra = concat(extra, {'rp', ''})
 else
   end_run(s)
   if s.cs > 0 then redis.call('DEL', c.run_items) end
@@ -48,5 +69,5 @@ end
 extra = concat(extra, {'lo', outcome})
 save(h, s, o, extra)
 reindex(s, c)
-record(c, 'f', now, s, run_id, outcome .. '|' .. ARGV[11])
+record(c, 'f', now, s, run_id, outcome .. '|' .. fmt(covered) .. '|' .. ARGV[11])
 return {1, fmt(seq), fmt(cd), lost}

@@ -3,7 +3,7 @@
 -- [10] collect_limit (0: none).
 -- Returns {action, lost, ...}: 0 drop, 1 rearm (seq, countdown), 2 wait, -1 missing, and
 -- 3 claim: {3, lost, run_id, flight_id, claimed, payload, first, last, due, now, attempt,
--- follow_seq, follow_countdown, short_key}.
+-- follow_seq, follow_countdown, short_key, attempted}.
 local c = single_ctx()
 local h = c.h
 if redis.call('EXISTS', h) == 0 then return {-1, 0} end
@@ -70,7 +70,13 @@ s.rs = math.max(seq, 0)
 s.rt = claimed
 s.rf = first
 s.rn = anchor
+s.rb = s.bd
 s.rr = attempt
+-- the attempted triggers (collect: items) come first, so the run takes them first
+local size = claimed
+if limit > 0 then size = redis.call('ZCARD', c.run_items) end
+s.rc = math.min(s.ac, size)
+s.ac = s.ac - s.rc
 s.R = s.R + 1
 s.M = s.M + claimed - 1
 s.ra = 0
@@ -90,7 +96,7 @@ if rest > 0 then
   if overlap == 1 then fseq, fcd = schedule(s, s.d, now, c) end
 else
   s.p = 0
-  s.ft, s.an, s.d, s.df = 0, 0, 0, 0
+  s.ft, s.an, s.bd, s.d, s.df, s.ac = 0, 0, 0, 0, 0, 0
 end
 if limit == 0 then extra = concat(extra, {'rp', payload, 'pl', ''}) end
 save(h, s, o, extra)
@@ -98,4 +104,4 @@ reindex(s, c)
 record(c, 'c', now, s, s.r, table.concat({fmt(flight), fmt(claimed), fmt(first),
   fmt(last), fmt(due), fmt(attempt)}, ','))
 return {3, lost, fmt(s.r), fmt(flight), claimed, payload, fmt(first), fmt(last), fmt(due),
-        fmt(now), attempt, fmt(fseq), fmt(fcd), redis.call('HGET', h, 'k') or ''}
+        fmt(now), attempt, fmt(fseq), fmt(fcd), redis.call('HGET', h, 'k') or '', s.rc}

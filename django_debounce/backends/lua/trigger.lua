@@ -20,23 +20,35 @@ end
 -- collecting) reads nine fields, writes five, and replies with one status line of three
 -- numbers. It moves the due time later only, so the index entry stays (see common.lua).
 if ARGV[12] == '0' then
-  local m = redis.call('HMGET', h, 'p', 'ru', 'f', 'T', 'd', 'ft', 'an', 'df', 'nb')
+  local m = redis.call('HMGET', h, 'p', 'ru', 'f', 'T', 'd', 'ft', 'an', 'df', 'nb', 'bd')
   local p = tonumber(m[1]) or 0
   local ru = tonumber(m[2]) or 0
   if p > 0 and (ru == 0 or ru > now) then
     local due = tonumber(m[5])
+    -- the flight's max_wait bound: the smallest anchor + max_wait among its triggers
+    local bd = tonumber(m[10])
+    local max_wait = tonumber(ARGV[10])
+    local newbd = nil
+    if max_wait >= 0 then
+      local b = (tonumber(m[7]) or tonumber(m[6])) + max_wait
+      if not bd or b < bd then bd = b; newbd = string.format('%d', b) end
+    end
     if m[8] ~= '1' then
       local d = now + tonumber(ARGV[9])
-      local max_wait = tonumber(ARGV[10])
-      if max_wait >= 0 then d = math.min(d, (tonumber(m[7]) or tonumber(m[6])) + max_wait) end
+      if bd and bd < d then d = bd end
       if d > due then due = d end
     end
     local nb = tonumber(m[9]) or 0
     if nb > due then due = nb end
     local ps = string.format('%d', p + 1)
     local ds = string.format('%d', due)
-    redis.call('HSET', h, 'p', ps, 'T', string.format('%d', tonumber(m[4]) + 1),
-               'lt', string.format('%d', now), 'd', ds, 'pl', ARGV[8])
+    if newbd then
+      redis.call('HSET', h, 'p', ps, 'T', string.format('%d', tonumber(m[4]) + 1),
+                 'lt', string.format('%d', now), 'd', ds, 'pl', ARGV[8], 'bd', newbd)
+    else
+      redis.call('HSET', h, 'p', ps, 'T', string.format('%d', tonumber(m[4]) + 1),
+                 'lt', string.format('%d', now), 'd', ds, 'pl', ARGV[8])
+    end
     -- One status reply, "flight pending due": a client parses it in one line read.
     return {ok = m[3] .. ' ' .. ps .. ' ' .. ds}
   end
@@ -100,8 +112,10 @@ if s.p == 0 then
   s.f = s.f + 1
   s.ft = now
   s.an = anchor
+  s.bd = 0
   s.df = leading and 1 or 0
   s.ra = 0
+  s.ac = 0
   s.nb = 0
   s.tk, s.ta = 0, 0
   opened = 1
@@ -119,6 +133,8 @@ else
   extra[#extra + 1] = 'pl'
   extra[#extra + 1] = ARGV[8]
 end
+-- the flight's max_wait bound: the smallest anchor + max_wait among its triggers
+if max_wait >= 0 and (s.bd == 0 or s.an + max_wait < s.bd) then s.bd = s.an + max_wait end
 local due
 if s.df == 1 and opened == 0 then
   due = s.d  -- a leading or full flight is not delayed by later triggers
@@ -126,7 +142,7 @@ elseif s.df == 1 or full then
   due = now
 else
   due = now + wait
-  if max_wait >= 0 then due = math.min(due, s.an + max_wait) end
+  if s.bd > 0 then due = math.min(due, s.bd) end
   -- never earlier than the due time given to the flight's earlier triggers (I3): a lost or
   -- retried run that rejoined it brought an older first trigger
   if opened == 0 and s.d > 0 then due = math.max(due, s.d) end

@@ -22,6 +22,11 @@ class Command(BaseCommand):
         parser.add_argument("--json", action="store_true", help="print one JSON object per key")
         parser.add_argument("--task", metavar="NAME", help="only keys of this task (Celery name)")
         parser.add_argument(
+            "--key",
+            metavar="TEXT",
+            help="one key, by its readable text (as the admin shows it), whatever its state",
+        )
+        parser.add_argument(
             "--limit", type=int, default=100, metavar="N", help="at most N keys (default 100)"
         )
         parser.add_argument(
@@ -42,7 +47,10 @@ class Command(BaseCommand):
             return self._pumps(options)
         if options["limit"] < 1:
             raise CommandError("--limit must be a positive integer, e.g. --limit 100.")
-        qs = DebounceKey.objects.active().order_by("due_at", "pk")
+        if options["key"] is not None:
+            qs = DebounceKey.objects.filter(key=options["key"]).order_by("task_name", "pk")
+        else:
+            qs = DebounceKey.objects.active().order_by("due_at", "pk")
         if options["task"]:
             qs = qs.filter(task_name=options["task"])
         rows = list(qs[: options["limit"] + 1])
@@ -74,7 +82,11 @@ class Command(BaseCommand):
                 self.stdout.write(json.dumps(rec, ensure_ascii=False))
             return
         if not records:
-            self.stdout.write("no pending or running keys")
+            self.stdout.write(
+                f"no key {options['key']!r}"
+                if options["key"] is not None
+                else "no pending or running keys"
+            )
             return
         header = ("task", "key", "state", "pending", "fires", "triggers", "runs", "merged")
         table = [header] + [
