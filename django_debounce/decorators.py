@@ -1,191 +1,33 @@
-"""The public decorators: ``debounced_task``, ``debounced_receiver`` and ``trigger_many``."""
+"""The public decorators: ``debounced_task``, ``debounced_receiver`` (defined in
+``receivers``) and ``trigger_many``. Their options are declared once, in
+``django_debounce.options.DebounceOptions``."""
 
 from __future__ import annotations
 
-import difflib
 import inspect
-import json
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
-from celery import Task, shared_task
-from django.apps import apps
-from django.core.exceptions import ImproperlyConfigured, ValidationError
-from django.db import models, router
-from django.db.models.signals import m2m_changed, post_delete, post_save, pre_delete, pre_save
-from django.dispatch import Signal
-from django.utils.inspect import func_accepts_kwargs
+from celery import shared_task
+from django.core.exceptions import ImproperlyConfigured
+from django.db import models
 
-from django_debounce import conf
-from django_debounce.keys import check_size, check_text, dumps
-from django_debounce.state import RunInfo, TriggerResult
+from django_debounce.options import DebounceOptions, check_not_async
+from django_debounce.receivers import DebouncedReceiverTask, debounced_receiver
+from django_debounce.state import TriggerResult
 from django_debounce.tasks import DebouncedTask
+
+__all__ = ["debounced_receiver", "debounced_task", "trigger_many"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-# Options Celery's task decorator accepts that are not attributes of ``celery.Task``: the
-# decorator's own, and the routing and execution options Celery reads from a task's
-# attributes when it publishes (``celery.app.task.extract_exec_options``).
-_CELERY_DECORATOR_OPTIONS = {
-    "queue",
-    "routing_key",
-    "exchange",
-    "priority",
-    "expires",
-    "delivery_mode",
-    "compression",
-    "immediate",
-    "mandatory",
-    "base",
-    "bind",
-    "shared",
-    "filter",
-    "lazy",
-    "pydantic",
-    "pydantic_strict",
-    "pydantic_context",
-    "pydantic_dump_kwargs",
-    "autoretry_for",
-    "dont_autoretry_for",
-    "retry_kwargs",
-    "retry_backoff",
-    "retry_backoff_max",
-    "retry_jitter",
-}
-_OUR_OPTIONS = (
-    "wait",
-    "max_wait",
-    "key",
-    "leading",
-    "trailing",
-    "overlap",
-    "collect",
-    "collect_limit",
-    "lease",
-    "on_commit",
-    "backend",
-    "sender",
-    "call_missing",
-)
 
-
-def _check_expires(expires: Any) -> None:
-    """Refuse an ``expires`` that contradicts debouncing: a dispatch message may wait in its
-    queue up to ``DEBOUNCE_DISPATCH_GRACE`` seconds before the pump publishes it again, so a
-    shorter expiry would drop messages that are only slow (their flight would run a grace
-    later each time); an absolute time would expire every later message."""
-    if expires is None:
-        return
-    if not isinstance(expires, (int, float)) or isinstance(expires, bool):
-        raise ImproperlyConfigured(
-            f"expires= of a debounced task must be a number of seconds, got {expires!r}: an "
-            "absolute time would make every dispatch message after it expire unrun."
-        )
-    grace = conf.seconds_of("DISPATCH_GRACE")
-    if expires < grace:
-        raise ImproperlyConfigured(
-            f"expires={expires!r} is shorter than DEBOUNCE_DISPATCH_GRACE ({grace:g} s), the "
-            "time a dispatch message may wait in its queue before it is published again: "
-            "messages that are only slow would expire and their flights run a grace late. "
-            f"Give expires of at least {grace:g} seconds, or leave it out."
-        )
-
-
-def _check_celery_options(options: dict[str, Any]) -> None:
-    """A misspelt option must not silently become a Celery task attribute."""
-    for name in options:
-        if name in _CELERY_DECORATOR_OPTIONS or hasattr(Task, name):
-            continue
-        known = [
-            *_OUR_OPTIONS,
-            *_CELERY_DECORATOR_OPTIONS,
-            *(a for a in dir(Task) if not a.startswith("_")),
-        ]
-        close = difflib.get_close_matches(name, known, n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise TypeError(
-            f"Unknown option {name!r}: it is neither a django-debounce option nor a Celery "
-            f"task option.{hint}"
-        )
-
-
-DEFAULT_COLLECT_LIMIT = 1000  # items per run of a collecting task
-
-
-def _options(
-    *,
-    wait: Any,
-    max_wait: Any,
-    key: Callable[..., str] | None,
-    leading: bool,
-    trailing: bool,
-    overlap: bool,
-    collect: bool,
-    collect_limit: int | None,
-    lease: Any,
-    on_commit: bool | None,
-    backend: str | None,
-) -> dict[str, Any]:
-    """Validate decorator options into ``DebouncedTask`` class attributes."""
-    if not leading and not trailing:
-        raise ImproperlyConfigured(
-            "leading=False with trailing=False would never run the task (as lodash debounce); "
-            "set leading=True for a run at the start of each burst, or keep trailing=True."
-        )
-    if collect_limit is not None and not collect:
-        raise ImproperlyConfigured(
-            "collect_limit= applies only to a collecting task: add collect=True, or drop "
-            "collect_limit=."
-        )
-    if collect_limit is None:
-        collect_limit = DEFAULT_COLLECT_LIMIT
-    if isinstance(collect_limit, bool) or not isinstance(collect_limit, int) or collect_limit < 1:
-        raise ImproperlyConfigured(
-            f"collect_limit= must be a positive int (items per run), got {collect_limit!r}."
-        )
-    negative = isinstance(lease, (int, float)) and not isinstance(lease, bool) and lease < 0
-    lease_s = None if negative else conf.seconds(lease, name="lease", allow_none=True)
-    if negative or (lease_s is not None and lease_s <= 0):
-        raise ImproperlyConfigured(
-            f"lease= must be more than 0 seconds (how long a run may go without a heartbeat "
-            f"before it counts as lost), got {lease!r}."
-        )
-    if key is not None and not callable(key):
-        raise ImproperlyConfigured(f"key= must be a callable returning a str, got {key!r}.")
-    return {
-        "debounce_wait": conf.seconds(wait, name="wait", allow_none=True),
-        "debounce_max_wait": conf.seconds(max_wait, name="max_wait", allow_none=True),
-        "debounce_key": staticmethod(key) if key is not None else None,
-        "debounce_overlap": bool(overlap),
-        "debounce_on_commit": on_commit,
-        "debounce_lease": lease_s,
-        "debounce_backend": backend,
-        "debounce_leading": bool(leading),
-        "debounce_trailing": bool(trailing),
-        "debounce_collect": bool(collect),
-        "debounce_collect_limit": collect_limit,
-    }
-
-
-def debounced_task(
-    func: F | None = None,
-    *,
-    wait: float | Any = None,
-    max_wait: float | Any = None,
-    key: Callable[..., str] | None = None,
-    leading: bool = False,
-    trailing: bool = True,
-    overlap: bool = False,
-    collect: bool = False,
-    collect_limit: int | None = None,
-    lease: float | Any = None,
-    on_commit: bool | None = None,
-    backend: str | None = None,
-    **celery_options: Any,
-) -> Any:
+def debounced_task(func: F | None = None, /, **options: Any) -> Any:
     """Make ``func`` a Celery task whose ``.trigger(...)`` runs it once per burst per key.
 
-    Arguments (durations in seconds, as ``int``/``float`` or ``timedelta``):
+    Used bare (``@debounced_task``) or with options (``@debounced_task(wait=5, queue="slow")``).
+    ``options`` are this app's, declared by ``DebounceOptions`` (durations in seconds, as
+    ``int``/``float`` or ``timedelta``):
 
     - ``wait``: quiet period; a trailing run starts ``wait`` after the last trigger
       (``DEBOUNCE_DEFAULT_WAIT`` when omitted). ``wait=0`` with no overlap coalesces.
@@ -205,385 +47,39 @@ def debounced_task(
       once per flight with the list of distinct items in trigger order; the default key is
       then the task name (``key=`` receives the item). ``collect_limit`` (default 1000)
       caps a run's items; a flight that reaches it runs at once.
-    - ``lease``: seconds a run may go without finishing or heartbeating (default: the
-      task's hard ``time_limit`` plus 5 s, else ``DEBOUNCE_LEASE``).
-    - failures: when the body raises (or calls ``retry()``), the run's triggers go back to
-      pending and run again after the task's Celery backoff (``default_retry_delay``, or
-      ``retry_backoff``/``retry_backoff_max``/``retry_jitter``), at most ``max_retries``
-      times (Celery's default 3; ``max_retries=0`` never retries); triggers during the
-      backoff join the retry.
+    - ``lease``: seconds a run may go without finishing or having its lease extended
+      (default: the task's hard ``time_limit`` plus 5 s, else ``DEBOUNCE_LEASE``).
     - ``on_commit``: defer triggers made in a transaction to its commit (``DEBOUNCE_ON_COMMIT``).
     - ``backend``: store of this task's keys (``DEBOUNCE_BACKEND`` when omitted).
-    - any other keyword is a Celery task option (``name``, ``queue``, ``time_limit``, ...).
+
+    Every other keyword is a Celery task option (``name``, ``queue``, ``routing_key``,
+    ``time_limit``, ``bind``, ``max_retries``, ...), which dispatch messages, retries and
+    follow-up runs all obey. Failures: when the body raises (or calls ``retry()``), the
+    run's triggers go back to pending and run again after the task's Celery backoff
+    (``default_retry_delay``, or ``retry_backoff``/``retry_backoff_max``/``retry_jitter``),
+    at most ``max_retries`` times (Celery's default 3; ``max_retries=0`` never retries);
+    triggers during the backoff join the retry.
 
     Returns a Celery task (a ``DebouncedTask``, subclass of ``celery.Task``) with
-    ``trigger()``, ``flush()`` and ``cancel()``; ``delay()`` stays a plain Celery call.
-    The body may declare a keyword-only ``debounce`` parameter to receive a ``RunInfo``.
-    Raises ``ImproperlyConfigured`` for invalid options and ``TypeError`` for unknown ones.
+    ``trigger()``, ``atrigger()``, ``status()``, ``flush()`` and ``cancel()``; ``delay()``
+    stays a plain Celery call. The body may declare a keyword-only ``debounce`` parameter to
+    receive a ``RunInfo``. Raises ``ImproperlyConfigured`` for invalid options (an
+    ``expires`` shorter than ``DEBOUNCE_DISPATCH_GRACE`` among them), ``TypeError`` for
+    unknown ones (naming the likely one) and for an ``async def`` body.
     """
-    options = _options(
-        wait=wait,
-        max_wait=max_wait,
-        key=key,
-        leading=leading,
-        trailing=trailing,
-        overlap=overlap,
-        collect=collect,
-        collect_limit=collect_limit,
-        lease=lease,
-        on_commit=on_commit,
-        backend=backend,
-    )
-
-    _check_celery_options(celery_options)
-
-    _check_expires(celery_options.get("expires"))
+    debounce, celery_options = DebounceOptions.split(options)
 
     def decorate(fn: F) -> Any:
-        _check_not_async(fn, "debounced_task")
+        check_not_async(fn, "debounced_task")
         _check_reserved(fn)
         base = celery_options.pop("base", DebouncedTask)
         if not (isinstance(base, type) and issubclass(base, DebouncedTask)):
             raise ImproperlyConfigured("base= must be a subclass of django_debounce DebouncedTask.")
-        return shared_task(base=base, **options, **celery_options)(fn)
+        return shared_task(base=base, **debounce.task_attributes(), **celery_options)(fn)
 
     if func is not None:
         return decorate(func)
     return decorate
-
-
-# -- receivers ----------------------------------------------------------------------------
-
-
-def _json_safe(value: Any) -> tuple[bool, Any]:
-    if isinstance(value, (set, frozenset)):
-        value = sorted(value, key=repr)
-    try:
-        json.dumps(value)
-    except (TypeError, ValueError):
-        return False, None
-    return True, value
-
-
-def _signal_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
-    out = {}
-    for name, value in kwargs.items():
-        if name in ("signal", "sender", "instance"):
-            continue
-        ok, safe = _json_safe(value)
-        if ok:
-            out[name] = safe
-    return out
-
-
-def _pk(value: Any) -> Any:
-    return value if isinstance(value, (int, str)) else str(value)
-
-
-def _checked_pk(task_name: str, model: Any, pk: Any) -> Any:
-    """``pk`` as the payload stores it, refused at trigger time when it cannot name a row of
-    ``model`` (an unsaved instance, ``None``, a value of the wrong type)."""
-    if pk is None:
-        raise TypeError(
-            f"{task_name}.trigger() needs a saved row: the {model._meta.label} has no primary "
-            "key yet (save it first, or trigger from post_save)."
-        )
-    try:
-        model._meta.pk.to_python(pk)
-    except ValidationError as exc:
-        raise TypeError(
-            f"{task_name}.trigger() got {pk!r}, which is not a primary key of "
-            f"{model._meta.label}: {'; '.join(exc.messages)}"
-        ) from None
-    return _pk(pk)
-
-
-def _check_receiver_key(name: str, key: Callable[..., str], collect: bool) -> None:
-    """A receiver's ``key=`` is called with the payload's fields as keywords; check that its
-    signature takes them at decoration time, not in the middle of a user's ``save()``."""
-    fields = ("model", "pk") if collect else ("model", "pk", "sender", "signal", "kwargs")
-    try:
-        inspect.signature(key).bind(**dict.fromkeys(fields))
-    except TypeError as exc:
-        raise ImproperlyConfigured(
-            f"key= of receiver {name} must accept the keyword arguments {', '.join(fields)} "
-            f"(for example `lambda model, pk, **kw: ...`): {exc}."
-        ) from None
-    except ValueError:  # no signature to inspect (a builtin): checked when called
-        pass
-
-
-def _label(obj: Any) -> str | None:
-    if isinstance(obj, type) and issubclass(obj, models.Model):
-        return str(obj._meta.label_lower)  # type: ignore[attr-defined]
-    return None
-
-
-_NOTHING = object()
-
-# The keyword values Django's model signals usually send (``using`` is added: the database the
-# model writes to): left out of a receiver's stored payload and put back when it is read.
-USUAL_KWARGS: dict[Signal, dict[str, Any]] = {
-    post_save: {"created": False, "update_fields": None, "raw": False},
-    pre_save: {"update_fields": None, "raw": False},
-    post_delete: {},
-    pre_delete: {},
-    m2m_changed: {"reverse": False},
-}
-
-
-class DebouncedReceiverTask(DebouncedTask):
-    """Task behind ``@debounced_receiver``: the payload names a row, the body re-reads it."""
-
-    debounce_signals: tuple[Signal, ...] = ()
-    debounce_call_missing: bool = False
-    debounce_handler: Callable[..., Any] | None = None
-    debounce_sender: Any = None
-
-    def _check_model(self, model: Any) -> None:
-        sender = self.debounce_sender
-        if isinstance(sender, type) and issubclass(sender, models.Model):
-            concrete = sender._meta.concrete_model  # type: ignore[attr-defined]
-            if not issubclass(model, sender) and model._meta.concrete_model is not concrete:
-                raise TypeError(
-                    f"{self.name} receives {sender._meta.label} rows (sender=); "  # type: ignore[attr-defined]
-                    f"got a {model._meta.label}."
-                )
-
-    def _resolve(self, args: tuple, kwargs: dict) -> tuple[str, Any, str | None]:
-        """``trigger(instance)`` or ``trigger(Model, pk)``: key ``app_label.model:pk``
-        (collect mode: the item ``{"model", "pk"}`` under the key ``app_label.model``)."""
-        payload = self._payload_of(args, kwargs)
-        if self.debounce_collect:
-            payload = {"model": payload["model"], "pk": payload["pk"]}
-            stored = dumps(self.pack_item(payload))
-        else:
-            stored = dumps(self.pack(payload))
-        check_size(stored, self.name)
-        key = self.key_for(payload)
-        check_text(key, "key")
-        return key, payload, stored
-
-    # -- the stored payload: a model code and the pk ----------------------------------------
-
-    def alias_of(self, payload: Any) -> str | None:
-        """The database the row's model writes to (``router.db_for_write``): a trigger made
-        inside that database's transaction counts when it commits."""
-        label = payload.get("model") if isinstance(payload, dict) else None
-        if not label:
-            return None
-        try:
-            return str(router.db_for_write(apps.get_model(label)))
-        except LookupError:
-            return None
-
-    def _default_label(self) -> str | None:
-        return _label(self.debounce_sender)
-
-    def pack(self, payload: dict[str, Any]) -> list[Any]:
-        """The stored form of a row payload, compact (a lean Redis hash): ``[pk, signal,
-        kwargs, model, sender]`` with trailing defaults left out (signal 0, the signal's usual
-        keyword values, the receiver's sender model, sender = model for a signal and ``None``
-        for a trigger by hand), so a save of a row is stored as ``[pk]`` or
-        ``[pk, 0, {"created": true}]``."""
-        model, signal = payload["model"], payload["signal"]
-        usual = self._usual_kwargs(signal, model)
-        kwargs = {k: v for k, v in payload["kwargs"].items() if usual.get(k, _NOTHING) != v}
-        out = [payload["pk"], signal, kwargs, model, payload["sender"]]
-        defaults = [_NOTHING, 0, {}, self._default_label(), model if signal is not None else None]
-        while len(out) > 1 and out[-1] == defaults[len(out) - 1]:
-            out.pop()
-        return out
-
-    def unpack(self, stored: Any) -> dict[str, Any]:
-        """The row payload of a stored one (``pack``'s form, or the full dict of earlier
-        releases)."""
-        if isinstance(stored, dict):
-            return stored
-        pk = stored[0]
-        signal = stored[1] if len(stored) > 1 else 0
-        kwargs = stored[2] if len(stored) > 2 else {}
-        model = stored[3] if len(stored) > 3 else self._default_label()
-        sender = stored[4] if len(stored) > 4 else (model if signal is not None else None)
-        return {
-            "model": model,
-            "pk": pk,
-            "sender": sender,
-            "signal": signal,
-            "kwargs": {**self._usual_kwargs(signal, model), **kwargs},
-        }
-
-    def pack_item(self, item: dict[str, Any]) -> Any:
-        """A collected item's stored form: the pk alone for a row of the sender model."""
-        if item["model"] == self._default_label():
-            return item["pk"]
-        return [item["model"], item["pk"]]
-
-    def unpack_item(self, stored: Any) -> dict[str, Any]:
-        """A collected item from its stored form (``pack_item``'s, or a full dict)."""
-        if isinstance(stored, dict):
-            return stored
-        if isinstance(stored, list):
-            return {"model": stored[0], "pk": stored[1]}
-        return {"model": self._default_label(), "pk": stored}
-
-    def _usual_kwargs(self, signal: int | None, model: str | None) -> dict[str, Any]:
-        """The keyword values ``signal`` (an index into the receiver's signals) usually sends,
-        left out of the stored payload and put back when it is read."""
-        if signal is None or signal >= len(self.debounce_signals):
-            return {}
-        usual = dict(USUAL_KWARGS.get(self.debounce_signals[signal], {}))
-        if usual and model:
-            try:
-                usual["using"] = router.db_for_write(apps.get_model(model))
-            except LookupError:
-                pass
-        return usual
-
-    def _payload_of(self, args: tuple, kwargs: dict) -> dict[str, Any]:
-        """The row payload of ``trigger(instance)`` or ``trigger(Model, pk)`` (no key: in
-        collect mode the key is computed from the item, with ``key=``'s collect signature)."""
-        if len(args) == 1 and not kwargs and isinstance(args[0], models.Model):
-            instance = args[0]
-            self._check_model(type(instance))
-            payload = {
-                "model": instance._meta.label_lower,
-                "pk": _checked_pk(self.name, type(instance), instance.pk),
-                "sender": None,
-                "signal": None,
-                "kwargs": {},
-            }
-        elif len(args) == 2 and not kwargs and _label(args[0]):
-            self._check_model(args[0])
-            payload = {
-                "model": _label(args[0]),
-                "pk": _checked_pk(self.name, args[0], args[1]),
-                "sender": None,
-                "signal": None,
-                "kwargs": {},
-            }
-        else:
-            raise TypeError(
-                f"{self.name}.trigger() takes a model instance, or a model class and a primary "
-                f"key; got args={args!r} kwargs={kwargs!r}."
-            )
-        return payload
-
-    def call_arguments(self, payload: Any) -> tuple[list[Any], dict[str, Any]]:
-        """The receiver body takes the payload's fields as keywords (collect mode: the list
-        of items)."""
-        if self.debounce_collect:
-            return [[self.unpack_item(item) for item in payload or []]], {}
-        return [], self.unpack(payload)
-
-    def key_of_payload(self, payload: Any) -> str:
-        """The readable key of a stored payload (see ``DebouncedTask.key_of_payload``)."""
-        if self.debounce_collect:
-            items = list(payload or [])
-            return self.key_for(self.unpack_item(items[0])) if items else self.name
-        return self.key_for(self.unpack(payload))
-
-    def key_for(self, payload: dict[str, Any]) -> str:
-        """The key of a trigger: ``key(**payload)``, else ``app_label.model:pk`` (collect
-        mode: ``app_label.model``)."""
-        if self.debounce_key is not None:
-            key = self.debounce_key(**payload)
-            if not isinstance(key, str):
-                raise TypeError(f"key= of {self.name} must return a str, got {key!r}.")
-            return key
-        if self.debounce_collect:
-            return str(payload["model"] or payload.get("sender") or "signal")
-        if payload["model"] is None:
-            return f"{payload['sender'] or 'signal'}"
-        return f"{payload['model']}:{payload['pk']}"
-
-    def on_signal(self, signal: Signal, sender: Any, **kwargs: Any) -> None:
-        """Web side: one trigger per signal, deferred to the commit of the writing database."""
-        instance = kwargs.get("instance")
-        index = self.debounce_signals.index(signal) if signal in self.debounce_signals else None
-        payload = {
-            "model": instance._meta.label_lower if isinstance(instance, models.Model) else None,
-            "pk": _pk(instance.pk) if isinstance(instance, models.Model) else None,
-            "sender": _label(sender),
-            "signal": index,
-            "kwargs": _signal_kwargs(kwargs),
-        }
-        if self.debounce_collect:
-            if payload["model"] is None:
-                raise TypeError(
-                    f"{self.name} collects rows (collect=True) but {signal!r} sent no model "
-                    "instance; use collect=False for signals without an instance."
-                )
-            payload = {"model": payload["model"], "pk": payload["pk"]}
-            stored = dumps(self.pack_item(payload))
-        else:
-            stored = dumps(self.pack(payload))
-        check_size(stored, self.name)
-        key = self.key_for(payload)
-        check_text(key, "key")
-        self.trigger_payload(key, payload, using=kwargs.get("using"), payload_json=stored)
-
-
-def _receiver_body(
-    task_name_holder: list[Any],
-) -> Callable[..., Any]:
-    def body(
-        model: str | None,
-        pk: Any,
-        sender: str | None,
-        signal: int | None,
-        kwargs: dict[str, Any],
-        *,
-        debounce: RunInfo,
-    ) -> Any:
-        task = task_name_holder[0]
-        handler = task.debounce_handler
-        sig = task.debounce_signals[signal] if signal is not None else None
-        model_cls = apps.get_model(model) if model else None
-        instance = None
-        if model_cls is not None and pk is not None:
-            # The database the model writes to, never a read replica.
-            alias = router.db_for_write(model_cls)
-            instance = model_cls._default_manager.using(alias).filter(pk=pk).first()
-            if instance is None and sig is not post_delete and not task.debounce_call_missing:
-                return None
-        sender_cls = apps.get_model(sender) if sender else model_cls
-        return handler(
-            sender=sender_cls, pk=pk, instance=instance, signal=sig, debounce=debounce, **kwargs
-        )
-
-    return body
-
-
-def _collect_body(task_holder: list[Any]) -> Callable[..., Any]:
-    def body(items: list[dict[str, Any]], *, debounce: RunInfo) -> Any:
-        task = task_holder[0]
-        pks = [item["pk"] for item in items]
-        by_model: dict[str, list[Any]] = {}
-        for item in items:
-            by_model.setdefault(item["model"], []).append(item["pk"])
-        found: dict[tuple[str, str], Any] = {}
-        for label, model_pks in by_model.items():
-            model_cls = apps.get_model(label)
-            alias = router.db_for_write(model_cls)  # never a read replica
-            for obj in model_cls._default_manager.using(alias).filter(pk__in=model_pks):
-                found[(label, str(obj.pk))] = obj
-        instances = [
-            found[(i["model"], str(i["pk"]))] for i in items if (i["model"], str(i["pk"])) in found
-        ]
-        sender = task.debounce_sender
-        if not (isinstance(sender, type) and issubclass(sender, models.Model)):
-            sender = apps.get_model(items[0]["model"]) if items else None
-        signals = task.debounce_signals
-        return task.debounce_handler(
-            sender=sender,
-            pks=pks,
-            instances=instances,
-            signal=signals[0] if len(signals) == 1 else None,
-            debounce=debounce,
-        )
-
-    return body
 
 
 def _check_reserved(fn: Callable[..., Any]) -> None:
@@ -602,149 +98,6 @@ def _check_reserved(fn: Callable[..., Any]) -> None:
             "reserved: trigger() takes them as this trigger's own wait and max_wait. Rename "
             "them."
         )
-
-
-def _check_not_async(fn: Callable[..., Any], decorator: str) -> None:
-    """Celery calls a task body synchronously: an ``async def`` body would return a coroutine
-    that is never awaited, and the run would count as a success."""
-    if inspect.iscoroutinefunction(fn):
-        raise TypeError(
-            f"{decorator} cannot decorate the coroutine function "
-            f"{getattr(fn, '__qualname__', fn)!r}: Celery runs task bodies synchronously, so "
-            "it would never be awaited. Write a plain def (inside, asgiref.sync.async_to_sync "
-            "runs async code)."
-        )
-
-
-def _check_handler(handler: Callable[..., Any], collect: bool) -> None:
-    """A receiver's handler is called with keywords only, the signal's own among them, so it
-    must take ``**kwargs``, as Django asks of every signal receiver (a collecting handler may
-    instead name exactly ``sender, pks, instances, signal, debounce``); checked at decoration
-    rather than in the worker, where the run would fail and be retried."""
-    if not callable(handler):
-        raise TypeError(f"debounced_receiver decorates a function, got {handler!r}.")
-    _check_not_async(handler, "debounced_receiver")
-    if collect:
-        fields = "sender, pks, instances, signal"
-        try:
-            inspect.signature(handler).bind(
-                sender=None, pks=[], instances=[], signal=None, debounce=None
-            )
-            return
-        except TypeError:
-            pass
-    else:
-        fields = "sender, pk, instance, signal"
-    if not func_accepts_kwargs(handler):
-        raise TypeError(
-            f"The handler {getattr(handler, '__qualname__', handler)!r} of debounced_receiver "
-            f"must accept **kwargs: it is called with keywords ({fields}, debounce, and the "
-            "signal's own such as created or update_fields). Write it as "
-            f"def {getattr(handler, '__name__', 'handler')}(sender, **kwargs) or name the "
-            "keywords you use before **kwargs."
-        )
-
-
-def debounced_receiver(
-    signal: Signal | list[Signal] | tuple[Signal, ...],
-    *,
-    sender: Any = None,
-    call_missing: bool = False,
-    wait: float | Any = None,
-    max_wait: float | Any = None,
-    key: Callable[..., str] | None = None,
-    leading: bool = False,
-    trailing: bool = True,
-    overlap: bool = False,
-    collect: bool = False,
-    collect_limit: int | None = None,
-    lease: float | Any = None,
-    on_commit: bool | None = None,
-    backend: str | None = None,
-    **celery_options: Any,
-) -> Callable[[F], Any]:
-    """Connect a handler to ``signal`` so it runs in a Celery worker once per burst per row.
-
-    The handler is called later, in the worker, with keyword arguments ``sender``, ``pk``,
-    ``instance`` (re-read from the database the model writes to; ``None`` when the row is
-    gone, and then the handler is called only for ``post_delete`` or with
-    ``call_missing=True``), ``signal``, the JSON-safe signal kwargs of the last trigger
-    (``created``, ``update_fields``, ``using``, ...) and ``debounce`` (a ``RunInfo``).
-    The default key is ``app_label.model:pk``; ``key=`` receives the payload's fields
-    (``model``, ``pk``, ``sender``, ``signal``, ``kwargs``) as keywords.
-    With ``collect=True`` the handler is called once per flight with ``pks`` and
-    ``instances`` (lists in trigger order; rows gone from the database are left out of
-    ``instances``) instead of ``pk`` and ``instance``; the default key is the model label.
-    Other options are those of ``debounced_task``. Returns the task (use it with
-    ``trigger_many`` after bulk writes, or ``.flush(instance)``).
-    Triggers made in a transaction count when it commits (``on_commit``).
-    """
-    _check_celery_options(celery_options)
-    _check_expires(celery_options.get("expires"))
-    if celery_options.get("bind"):
-        raise ImproperlyConfigured(
-            "debounced_receiver does not take bind=True: its handler is called with keyword "
-            "arguments only (sender, pk, instance, signal, debounce, ...)."
-        )
-    signals = tuple(signal) if isinstance(signal, (list, tuple)) else (signal,)
-    for sig in signals:
-        if not isinstance(sig, Signal):
-            raise TypeError(f"debounced_receiver expects a django.dispatch.Signal, got {sig!r}.")
-    options = _options(
-        wait=wait,
-        max_wait=max_wait,
-        key=key,
-        leading=leading,
-        trailing=trailing,
-        overlap=overlap,
-        collect=collect,
-        collect_limit=collect_limit,
-        lease=lease,
-        on_commit=on_commit,
-        backend=backend,
-    )
-
-    def decorate(handler: F) -> Any:
-        _check_handler(handler, collect)
-        if key is not None:
-            _check_receiver_key(
-                celery_options.get("name", f"{handler.__module__}.{handler.__qualname__}"),
-                key,
-                collect,
-            )
-        holder: list[Any] = []
-        body = _collect_body(holder) if collect else _receiver_body(holder)
-        name = celery_options.pop("name", f"{handler.__module__}.{handler.__qualname__}")
-        body.__name__ = handler.__name__
-        body.__qualname__ = handler.__qualname__
-        body.__module__ = handler.__module__
-        body.__doc__ = handler.__doc__
-        task = shared_task(
-            base=DebouncedReceiverTask,
-            name=name,
-            **options,
-            debounce_signals=signals,
-            debounce_call_missing=call_missing,
-            debounce_handler=staticmethod(handler),
-            debounce_sender=sender,
-            **celery_options,
-        )(body)
-        holder.append(task)
-
-        def on_signal(signal: Signal, sender: Any, **kwargs: Any) -> None:
-            if getattr(getattr(sender, "_meta", None), "app_label", None) == "django_debounce":
-                # This app's own rows are written by triggers and runs: a receiver without
-                # sender= would trigger itself again on every save, without end.
-                return
-            task.on_signal(signal, sender, **kwargs)
-
-        for sig in signals:
-            sig.connect(
-                on_signal, sender=sender, weak=False, dispatch_uid=f"django_debounce:{name}"
-            )
-        return task
-
-    return decorate
 
 
 def trigger_many(task: Any, payloads: Iterable[Any]) -> list[TriggerResult]:

@@ -1,0 +1,216 @@
+"""The options of ``@debounced_task`` and ``@debounced_receiver``, declared once.
+
+``DebounceOptions`` is the one list of this app's decorator options: their names, defaults,
+types and checks. A decorator splits its keywords with ``DebounceOptions.split``: this app's
+options become a validated ``DebounceOptions`` (then the task's ``debounce_<name>``
+attributes, see ``DebouncedTask``), every other keyword must be a Celery task option. Adding an
+option means adding a field here, its check in ``__post_init__``, the attribute it sets on
+``DebouncedTask`` and its use; both decorators then accept it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import inspect
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+from celery import Task
+from django.core.exceptions import ImproperlyConfigured
+
+from django_debounce import conf
+
+DEFAULT_COLLECT_LIMIT = 1000  # items per run of a collecting task (DebouncedTask has its twin)
+
+# Options Celery's task decorator accepts that are not attributes of ``celery.Task``: the
+# decorator's own, and the routing and execution options Celery reads from a task's
+# attributes when it publishes (``celery.app.task.extract_exec_options``).
+CELERY_DECORATOR_OPTIONS = frozenset(
+    {
+        "queue",
+        "routing_key",
+        "exchange",
+        "priority",
+        "expires",
+        "delivery_mode",
+        "compression",
+        "immediate",
+        "mandatory",
+        "base",
+        "bind",
+        "shared",
+        "filter",
+        "lazy",
+        "pydantic",
+        "pydantic_strict",
+        "pydantic_context",
+        "pydantic_dump_kwargs",
+        "autoretry_for",
+        "dont_autoretry_for",
+        "retry_kwargs",
+        "retry_backoff",
+        "retry_backoff_max",
+        "retry_jitter",
+    }
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class DebounceOptions:
+    """This app's options of both decorators (durations in seconds, ``int``/``float`` or
+    ``timedelta``; stored as ``float``).
+
+    - ``wait``: quiet period; a trailing run starts ``wait`` after the last trigger
+      (``None``: ``DEBOUNCE_DEFAULT_WAIT``, read when used). ``wait=0`` with no overlap
+      coalesces.
+    - ``max_wait``: bound on how long triggers can delay a run (``None``: unbounded), measured
+      as lodash's ``maxWait``: from the last run's start while the stream of triggers goes
+      on, else from the flight's first trigger; raised to ``wait`` if lower.
+    - ``key``: callable returning the key string (a task: called with the task's arguments;
+      a receiver: with the payload's fields; collecting: with the item).
+    - ``leading``/``trailing``: edge semantics as lodash debounce. ``leading=True`` runs at
+      the first trigger of a burst; with ``trailing=True`` as well, a trailing run follows
+      only if more triggers came in the window; ``trailing=False`` drops triggers inside the
+      window of a leading run. ``leading=False, trailing=False`` is refused (it would never
+      run). Throttle: ``leading=True, max_wait=wait``.
+    - ``overlap``: allow two runs of one key at once.
+    - ``collect``: batch mode (the body gets the list of distinct items of a flight);
+      ``collect_limit`` (default 1000) caps a run's items.
+    - ``lease``: seconds a run may go without finishing or having its lease extended
+      (``None``: the task's hard ``time_limit`` plus 5 s, else ``DEBOUNCE_LEASE``).
+    - ``on_commit``: defer triggers made in a transaction to its commit (``None``:
+      ``DEBOUNCE_ON_COMMIT``).
+    - ``backend``: the store of the task's keys (``None``: ``DEBOUNCE_BACKEND``).
+
+    Raises ``ImproperlyConfigured`` naming the fix for a value that cannot work.
+    """
+
+    wait: float | None = None
+    max_wait: float | None = None
+    key: Callable[..., str] | None = None
+    leading: bool = False
+    trailing: bool = True
+    overlap: bool = False
+    collect: bool = False
+    collect_limit: int | None = None
+    lease: float | None = None
+    on_commit: bool | None = None
+    backend: str | None = None
+
+    NAMES: ClassVar[frozenset[str]]
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__  # frozen: normalise in place once
+        set_(self, "wait", conf.seconds(self.wait, name="wait", allow_none=True))
+        set_(self, "max_wait", conf.seconds(self.max_wait, name="max_wait", allow_none=True))
+        if not self.leading and not self.trailing:
+            raise ImproperlyConfigured(
+                "leading=False with trailing=False would never run the task (as lodash "
+                "debounce); set leading=True for a run at the start of each burst, or keep "
+                "trailing=True."
+            )
+        if self.collect_limit is not None and not self.collect:
+            raise ImproperlyConfigured(
+                "collect_limit= applies only to a collecting task: add collect=True, or drop "
+                "collect_limit=."
+            )
+        limit = DEFAULT_COLLECT_LIMIT if self.collect_limit is None else self.collect_limit
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ImproperlyConfigured(
+                f"collect_limit= must be a positive int (items per run), got {limit!r}."
+            )
+        set_(self, "collect_limit", limit)
+        lease = self.lease
+        negative = isinstance(lease, (int, float)) and not isinstance(lease, bool) and lease < 0
+        lease_s = None if negative else conf.seconds(lease, name="lease", allow_none=True)
+        if negative or (lease_s is not None and lease_s <= 0):
+            raise ImproperlyConfigured(
+                f"lease= must be more than 0 seconds (how long a run may go without its lease "
+                f"extended before it counts as lost), got {lease!r}."
+            )
+        set_(self, "lease", lease_s)
+        if self.key is not None and not callable(self.key):
+            raise ImproperlyConfigured(
+                f"key= must be a callable returning a str, got {self.key!r}."
+            )
+        for name in ("leading", "trailing", "overlap", "collect"):
+            set_(self, name, bool(getattr(self, name)))
+
+    @classmethod
+    def split(
+        cls, options: dict[str, Any], *, extra: tuple[str, ...] = ()
+    ) -> tuple[DebounceOptions, dict[str, Any]]:
+        """Split a decorator's keywords into this app's options (validated) and Celery task
+        options (checked: a misspelt name is a ``TypeError`` naming the likely one, an
+        ``expires`` shorter than ``DEBOUNCE_DISPATCH_GRACE`` is refused). ``extra`` names the
+        decorator's own other keywords, for the hint."""
+        ours = {name: options[name] for name in cls.NAMES if name in options}
+        celery = {name: value for name, value in options.items() if name not in cls.NAMES}
+        check_celery_options(celery, known=(*cls.NAMES, *extra))
+        return cls(**ours), celery
+
+    def task_attributes(self) -> dict[str, Any]:
+        """The ``DebouncedTask`` class attributes these options set (``debounce_<name>``)."""
+        out = {f"debounce_{f.name}": getattr(self, f.name) for f in dataclasses.fields(self)}
+        if self.key is not None:
+            out["debounce_key"] = staticmethod(self.key)
+        return out
+
+
+DebounceOptions.NAMES = frozenset(f.name for f in dataclasses.fields(DebounceOptions))
+
+
+def check_celery_options(options: dict[str, Any], *, known: tuple[str, ...] = ()) -> None:
+    """Refuse a keyword that is neither a Celery task option nor one of ``known`` (a misspelt
+    option must not silently become a Celery task attribute), and an ``expires`` that
+    contradicts debouncing. Raises ``TypeError`` / ``ImproperlyConfigured``."""
+    for name in options:
+        if name in CELERY_DECORATOR_OPTIONS or hasattr(Task, name):
+            continue
+        candidates = [
+            *known,
+            *CELERY_DECORATOR_OPTIONS,
+            *(a for a in dir(Task) if not a.startswith("_")),
+        ]
+        close = difflib.get_close_matches(name, candidates, n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise TypeError(
+            f"Unknown option {name!r}: it is neither a django-debounce option nor a Celery "
+            f"task option.{hint}"
+        )
+    check_expires(options.get("expires"))
+
+
+def check_expires(expires: Any) -> None:
+    """Refuse an ``expires`` that contradicts debouncing: a dispatch message may wait in its
+    queue up to ``DEBOUNCE_DISPATCH_GRACE`` seconds before the pump publishes it again, so a
+    shorter expiry would drop messages that are only slow (their flight would run a grace
+    later each time); an absolute time would expire every later message."""
+    if expires is None:
+        return
+    if not isinstance(expires, (int, float)) or isinstance(expires, bool):
+        raise ImproperlyConfigured(
+            f"expires= of a debounced task must be a number of seconds, got {expires!r}: an "
+            "absolute time would make every dispatch message after it expire unrun."
+        )
+    grace = conf.seconds_of("DISPATCH_GRACE")
+    if expires < grace:
+        raise ImproperlyConfigured(
+            f"expires={expires!r} is shorter than DEBOUNCE_DISPATCH_GRACE ({grace:g} s), the "
+            "time a dispatch message may wait in its queue before it is published again: "
+            "messages that are only slow would expire and their flights run a grace late. "
+            f"Give expires of at least {grace:g} seconds, or leave it out."
+        )
+
+
+def check_not_async(fn: Callable[..., Any], decorator: str) -> None:
+    """Celery calls a task body synchronously: an ``async def`` body would return a coroutine
+    that is never awaited, and the run would count as a success. Raises ``TypeError``."""
+    if inspect.iscoroutinefunction(fn):
+        raise TypeError(
+            f"{decorator} cannot decorate the coroutine function "
+            f"{getattr(fn, '__qualname__', fn)!r}: Celery runs task bodies synchronously, so "
+            "it would never be awaited. Write a plain def (inside, asgiref.sync.async_to_sync "
+            "runs async code)."
+        )
