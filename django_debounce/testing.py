@@ -32,23 +32,26 @@ def run_due(now: datetime | None = None, *, backend: str | None = None) -> int:
     # returns are not published: this function is the worker).
     store.take(tasks, 1_000_000, now=now)
     count = 0
-    for _pass in range(1000):
-        ran = 0
-        for task_name, key_hash in store.due_keys(now, list(tasks)):
-            task = get_debounced_task(task_name)
-            decision = task.get_backend().fire(
-                key_hash, None, task_name=task.name, options=task.flight_options(), now=now
-            )
-            if decision.action is FireAction.CLAIM and decision.claim is not None:
-                task.run_claim(task.get_backend(), decision.claim)
-                ran += 1
-        count += ran
-        if not ran:
-            break
-    # no recorder runs in this process: the durable records of Redis keys are written now
-    from django_debounce.recorder import drain_all
+    try:
+        for _pass in range(1000):
+            ran = 0
+            for task_name, key_hash in store.due_keys(now, list(tasks)):
+                task = get_debounced_task(task_name)
+                decision = task.get_backend().fire(
+                    key_hash, None, task_name=task.name, options=task.flight_options(), now=now
+                )
+                if decision.action is FireAction.CLAIM and decision.claim is not None:
+                    task.run_claim(task.get_backend(), decision.claim)
+                    ran += 1
+            count += ran
+            if not ran:
+                break
+    finally:
+        # No recorder runs in this process: the durable records of Redis keys are written
+        # now, those of a run whose body raised included.
+        from django_debounce.recorder import drain_all
 
-    drain_all()
+        drain_all()
     return count
 
 
