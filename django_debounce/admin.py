@@ -230,7 +230,11 @@ class DebounceKeyAdmin(ReadOnlyAdmin):
     @admin.action(description=_("Purge idle keys"), permissions=["operate"])
     def purge_idle(self, request: HttpRequest, queryset: Any) -> None:
         """Delete the selected keys that are idle (nothing pending or running), with their
-        run history."""
+        run history. The durable rows of Redis-held keys are brought up to date first (no
+        recorder runs in a web process), as ``debounce_purge`` does."""
+        from django_debounce.recovery import record_now
+
+        record_now()
         deleted = queryset.delete_stale(timezone.now())
         self.message_user(request, f"Purged {deleted} idle key(s) and their run history.")
 

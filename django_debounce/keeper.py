@@ -3,9 +3,11 @@
 
 A run holds a lease in the store; past it the run counts as lost and is redone (I7). One
 keeper per worker, in the main process, extends the leases of all the runs its pool is
-executing, in one batch per store every ``lease / 3`` seconds: a body that holds the GIL in C
-code or never yields cannot starve it (it lives in another process under prefork), and no
-thread is started per run. A run is known by its dispatch message (key hash and sequence),
+executing, each every third of its lease, in one batch per store; it looks at the active runs
+at least every ``LOOK`` seconds (no store call), so a run that starts while another's long
+lease needs nothing is seen at once. A body that holds the GIL in C code or never yields
+cannot starve it (it lives in another process under prefork), and no thread is started per
+run. A run is known by its dispatch message (key hash and sequence),
 which the main process holds for every request it has handed to the pool.
 
 When the store cannot be reached, the keeper stops a run before its lease ends (minus a
@@ -30,6 +32,9 @@ logger = logging.getLogger("django_debounce")
 
 # Seconds before a lease ends by which a run whose lease could not be renewed is stopped.
 MARGIN = 2.0
+# Longest sleep between two looks at the active runs (a look costs no store call): a run that
+# starts while the keeper waits to extend a long lease is seen this soon, whatever its lease.
+LOOK = 0.5
 
 
 @dataclass
@@ -37,6 +42,7 @@ class _Tracked:
     deadline: float  # wall-clock time until which the lease is known to hold
     lease: float
     claimed: bool = False
+    extend_at: float = 0.0  # when its lease is extended next (0: at the next look)
 
 
 class LeaseKeeper:
@@ -73,22 +79,23 @@ class LeaseKeeper:
         return out
 
     def tick(self) -> float:
-        """Extend every live run's lease; stop runs whose lease could not be renewed in time.
-        Returns the seconds until the next tick."""
+        """Extend the lease of every live run that is due for it (a run new to the keeper at
+        once, then every third of its lease); stop runs whose lease could not be renewed in
+        time. Returns the seconds until the next tick (at most ``LOOK``)."""
         runs = self.live()
         now = time.time()
-        seen = set()
+        seen = {}
         by_store: dict[Any, list[tuple[Any, Any, Any, LiveRun]]] = defaultdict(list)
-        leases: list[float] = []
         for request, task, message in runs:
-            seen.add(request.id)
             options = task.flight_options()
             tracked = self.tracked.get(request.id)
             if tracked is None:
                 # claimed after the request started: its lease ends no earlier than this
                 start = request.time_start or now
                 tracked = self.tracked[request.id] = _Tracked(start + options.lease, options.lease)
-            leases.append(options.lease)
+            seen[request.id] = (request, task, tracked)
+            if now < tracked.extend_at:
+                continue
             run = LiveRun(
                 message.key_hash,
                 message.seq,
@@ -98,9 +105,6 @@ class LeaseKeeper:
                 message.store or "",
             )
             by_store[task.get_backend()].append((request, task, message, run))
-        # every run's lease is extended at least three times per lease; with no run, look at
-        # the active set again soon (that costs no store call)
-        every = max(min(leases) / 3.0, 0.2) if leases else 0.5
         for request_id in list(self.tracked):
             if request_id not in seen:
                 del self.tracked[request_id]
@@ -113,8 +117,10 @@ class LeaseKeeper:
                 failed = True
             else:
                 failed = False
-            for (request, task, _message, _run), end in zip(items, ends, strict=True):
+            for (request, _task, _message, _run), end in zip(items, ends, strict=True):
                 tracked = self.tracked[request.id]
+                # every run's lease is extended at least three times per lease
+                tracked.extend_at = now + tracked.lease / 3.0
                 if end is not None:
                     tracked.deadline = now + end
                     tracked.claimed = True
@@ -123,9 +129,13 @@ class LeaseKeeper:
                     # the store says the run is not live: it finished (the request leaves the
                     # active set in a moment) or its lease was lost; the deadline decides
                     pass
-                if now >= tracked.deadline - min(MARGIN, tracked.lease / 4):
-                    self._stop_run(request, task)
-        return every
+        for request, task, tracked in seen.values():
+            if now >= tracked.deadline - min(MARGIN, tracked.lease / 4):
+                self._stop_run(request, task)
+        # look at the active set again soon (that costs no store call), and in time for the
+        # next extension
+        soonest = min((t.extend_at for t in self.tracked.values()), default=now + LOOK)
+        return max(min(soonest - now, LOOK), 0.05)
 
     def _stop_run(self, request: Any, task: Any) -> None:
         """Terminate the pool process of a run whose lease is about to end unrenewed."""

@@ -41,6 +41,25 @@ def _dt(us: int) -> datetime | None:
     return datetime.fromtimestamp(us / US, tz=UTC)
 
 
+# The numeric fields of a record, in their order (after kind, key id and task name).
+NUMBERS = (
+    "at",
+    "pending",
+    "flight_id",
+    "first",
+    "last",
+    "due",
+    "run_id",
+    "running_until",
+    "triggers",
+    "runs",
+    "merged",
+    "cancelled",
+    "last_run",
+    "about_run",
+)
+
+
 @dataclass
 class Record:
     kind: str
@@ -69,8 +88,8 @@ class Record:
 
         text = raw.decode() if isinstance(raw, bytes) else raw
         parts = text.split("|", 17)
-        numbers = [int(x) for x in parts[3:17]]
-        return cls(parts[0], key_hash_of(parts[1]), parts[2], *numbers, parts[17], raw)
+        numbers = dict(zip(NUMBERS, (int(x) for x in parts[3:17]), strict=True))
+        return cls(parts[0], key_hash_of(parts[1]), parts[2], extra=parts[17], raw=raw, **numbers)
 
 
 def redis_stores() -> list[Any]:
@@ -114,7 +133,7 @@ def drain(store: Any, limit: int = BATCH) -> int:
     except DatabaseError:
         logger.exception("django_debounce: could not write %d records; kept", len(records))
         pipe = store.client.pipeline(transaction=False)
-        for name, record in reversed(records):  # back at the head, in the order they were made
+        for name, record in reversed(records):  # back at the head, in their order
             pipe.lpush(name, record.raw)
         pipe.execute()
         return 0
@@ -146,6 +165,8 @@ def apply(records: list[Record]) -> None:
 
     db = alias()
     grace = timedelta(seconds=conf.seconds_of("DISPATCH_GRACE"))
+    # In the order the scripts appended them: a key's records all come from its shard's
+    # list, in the order its steps ran (their times need not grow: a step may be given `now`).
     hashes = {r.key_hash for r in records}
     with transaction.atomic(using=db):
         rows = {
@@ -156,10 +177,10 @@ def apply(records: list[Record]) -> None:
         }
         missing = [h for h in hashes if h not in rows]
         if missing:
-            first = {r.key_hash: r for r in reversed(records)}
+            firsts = {r.key_hash: r for r in reversed(records)}
             DebounceKey.objects.using(db).bulk_create(
                 [
-                    DebounceKey(key_hash=h, key=h, task_name=first[h].task_name, store="redis")
+                    DebounceKey(key_hash=h, key=h, task_name=firsts[h].task_name, store="redis")
                     for h in missing
                 ],
                 ignore_conflicts=True,
@@ -202,7 +223,7 @@ def apply(records: list[Record]) -> None:
                     count, _, error = rest.partition("|")
                     covered = int(count) if count.isdigit() else None
                 else:
-                    outcome, error = DebounceRun.Outcome.LOST, "lease ran out"
+                    outcome, error = str(DebounceRun.Outcome.LOST), "lease ran out"
                 ended[(row.pk, r.about_run)] = (outcome, _dt(r.at), error, covered)
         for (pk, run_id), (outcome, at, error, covered) in list(ended.items()):
             run = new_runs.get((pk, run_id))

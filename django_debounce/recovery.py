@@ -21,12 +21,24 @@ def recover() -> int:
     message never went out, or went out more than ``DEBOUNCE_DISPATCH_GRACE`` ago and was not
     claimed: the same sequence number goes out again), rebuild flights whose Redis state was
     lost from their durable record. Only tasks registered here as
-    debounced tasks are published. Returns how many messages were published."""
+    debounced tasks are published. What the pass changed on the Redis store reaches the
+    durable record before it returns (no recorder runs in this process). Returns how many
+    messages were published."""
     from django_debounce.pump import Pump, stats
 
     before = stats.published
     Pump().tick(recheck=True)
+    record_now()
     return stats.published - before
+
+
+def record_now() -> None:
+    """Write the records of the Redis store that no recorder wrote yet into the durable rows
+    (``DebounceKey``/``DebounceRun``), in a process that runs no recorder (``debounce_purge``)
+    and reads those rows; errors are logged, as a worker's recorder logs them."""
+    from django_debounce.recorder import Recorder
+
+    Recorder().tick(force=True)
 
 
 def registered_names() -> set[str]:
@@ -41,13 +53,18 @@ def cancel_unregistered(keys: Any, *, dry_run: bool = False) -> tuple[int, int, 
     task is not a registered debounced task here (removed or renamed), through the store
     that holds each key (``DebounceKey.store``); nothing is dispatched. Such keys then turn
     idle and are purged like any other. Returns ``(keys with triggers dropped, triggers
-    dropped, task names)``; with ``dry_run`` counts what would be dropped from the rows."""
+    dropped, task names)``; with ``dry_run`` counts what would be dropped from the rows, with
+    the live pending counts of the keys Redis holds (merged triggers never write their row)."""
+    from django_debounce import live
+
     registered = registered_names()
     orphans = keys.active().exclude(task_name__in=registered)
     names = sorted(set(orphans.values_list("task_name", flat=True)))
     if dry_run:
-        rows = list(orphans.values_list("pending", flat=True))
-        return sum(1 for p in rows if p), sum(rows), names
+        rows = list(orphans.only("key_hash", "store", "pending"))
+        live.refresh(rows)
+        counts = [row.live_pending for row in rows]  # type: ignore[attr-defined]
+        return sum(1 for p in counts if p), sum(counts), names
     touched = dropped = 0
     for row in orphans.only("key_hash", "store", "task_name").iterator():
         n = get_backend(row.store).cancel(

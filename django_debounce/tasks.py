@@ -496,10 +496,12 @@ class DebouncedTask(Task):
         dispatch = backend.flush(hashed, task_name=self.name, options=self.flight_options())
         if dispatch is not None:
             if is_eager(self):
-                self.fire(hashed, dispatch.seq, store=dispatch.store, in_worker=False)
                 from django_debounce.recorder import drain_all
 
-                drain_all()  # no recorder runs in this process
+                try:
+                    self.fire(hashed, dispatch.seq, store=dispatch.store, in_worker=False)
+                finally:
+                    drain_all()  # no recorder runs in this process (a raising body too)
             else:
                 publish_or_release(self, backend, dispatch)
         return bool(pending)

@@ -47,8 +47,8 @@ def run_due(now: datetime | None = None, *, backend: str | None = None) -> int:
             if not ran:
                 break
     finally:
-        # no recorder runs in this process: the durable records of Redis keys are written
-        # now, those of a run whose body raised included
+        # No recorder runs in this process: the durable records of Redis keys are written
+        # now, those of a run whose body raised included.
         from django_debounce.recorder import drain_all
 
         drain_all()

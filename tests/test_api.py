@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+from dataclasses import replace
 from datetime import timedelta
 
 import pytest
@@ -15,6 +16,7 @@ from django.utils import timezone
 from django_debounce import debounced_task
 from django_debounce.checks import check_backend, sqlite_warnings
 from django_debounce.models import DebounceKey, DebounceRun
+from django_debounce.state import Finish, FlightOptions
 from django_debounce.testing import run_due
 from tests.celery_app import app
 from tests.testapp.models import RunLog
@@ -120,29 +122,56 @@ def test_disabled_records_nothing(eager, store):
 @pytest.mark.django_db(transaction=True)
 def test_lost_lease_is_redone_and_late_finish_changes_nothing(store):
     from django_debounce.backends import get_backend
+    from django_debounce.keys import key_hash
+    from django_debounce.recorder import drain_all
 
     backend = get_backend()
-    _result, _dispatch, _undo = backend.trigger(
-        task_name="testapp.record",
+    name = "tests.unpumped"  # a task no worker's pump knows: only this test moves its key
+    hashed = key_hash(name, "k")
+    options = FlightOptions(wait=0, lease=0.1)
+    _result, dispatch = backend.trigger(
+        task_name=name,
         key="k",
-        key_hash="h" * 64,
-        payload={"args": ["x"], "kwargs": {}},
-        wait=0,
-        max_wait=None,
+        key_hash=hashed,
+        payload_json='["x"]',  # stored compact: the task's arguments alone
+        options=options,
     )
-    first = backend.fire("h" * 64, None, overlap=False, lease=0.1)
+    assert dispatch is not None  # due at once (not published: no worker in this test)
+    first = backend.fire(hashed, None, task_name=name, options=options)
     assert first.claim is not None and first.claim.triggers == 1
-    later = timezone.now() + timedelta(seconds=5)
-    second = backend.fire("h" * 64, None, overlap=False, lease=60, now=later)
+    later = timezone.now() + timedelta(seconds=5)  # the 0.1 s lease ran out
+    second = backend.fire(
+        hashed, None, task_name=name, options=replace(options, lease=60), now=later
+    )
     assert second.claim is not None
     assert second.claim.triggers == 1  # the lost run's trigger went back to pending
-    assert backend.finish("h" * 64, first.claim.run_id, ok=True) is None
-    assert backend.live_state("h" * 64)["state"] == "running"
+    assert second.claim.run_id == first.claim.run_id + 1
+    late = backend.finish(
+        hashed,
+        first.claim.run_id,
+        Finish(ok=True),
+        task_name=name,
+        options=options,
+        now=later,
+    )
+    assert late is None
+    assert backend.live_state(hashed)["state"] == "running"
+    drain_all()  # what a worker's recorder does for the Redis store (no worker here)
     assert DebounceRun.objects.get(run_id=first.claim.run_id).outcome == "lost"
-    backend.finish("h" * 64, second.claim.run_id, ok=True)
-    live = backend.live_state("h" * 64)
+    assert DebounceRun.objects.get(run_id=second.claim.run_id).outcome == "running"
+    backend.finish(
+        hashed,
+        second.claim.run_id,
+        Finish(ok=True),
+        task_name=name,
+        options=options,
+        now=later + timedelta(seconds=1),
+    )
+    live = backend.live_state(hashed)
     assert (live["state"], live["triggers"], live["runs"], live["pending"]) == ("idle", 1, 1, 0)
+    drain_all()
     assert DebounceKey.objects.get().state == "idle"
+    assert DebounceRun.objects.get(run_id=second.claim.run_id).outcome == "success"
 
 
 def test_check_e001_for_unimportable_backend():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 from datetime import timedelta
@@ -15,6 +16,7 @@ from django_debounce.models import DebounceKey, DebounceRun
 from django_debounce.testing import run_due
 from tests.celery_app import app
 from tests.conftest import wait_for
+from tests.private_tasks import private_task
 from tests.testapp.tasks import record, record_slow
 
 
@@ -89,19 +91,25 @@ def test_purge_deletes_only_stale_idle_keys_and_old_runs(eager, store):
 def test_purge_redoes_a_run_whose_lease_ran_out(eager, store):
     from django_debounce.backends import get_backend
 
-    record.trigger("lost")
-    row = DebounceKey.objects.get()
-    soon = timezone.now() + timedelta(seconds=0.5)  # past the 0.3 s wait
-    decision = get_backend().fire(row.key_hash, None, overlap=False, lease=0.01, now=soon)
-    assert decision.claim is not None  # claimed, then its worker "dies": no finish
+    # A task no worker knows: the pump of a worker would redo the lost run before the purge.
+    with private_task("tests.purge_lost", wait=0.3) as task:
+        task.trigger("lost")
+        row = DebounceKey.objects.get()
+        soon = timezone.now() + timedelta(seconds=0.5)  # past the 0.3 s wait
+        options = dataclasses.replace(task.flight_options(), lease=0.01)
+        decision = get_backend().fire(
+            row.key_hash, None, task_name=task.name, options=options, now=soon
+        )
+        assert decision.claim is not None  # claimed, then its worker "dies": no finish
 
-    def purged_back_to_pending() -> bool:
-        run("debounce_purge", "--older-than", "7d")
-        return get_backend().live_state(row.key_hash)["state"] == "pending"
+        def purged_back_to_pending() -> bool:
+            run("debounce_purge", "--older-than", "7d")
+            return get_backend().live_state(row.key_hash)["state"] == "pending"
 
-    wait_for(purged_back_to_pending, timeout=10, interval=0.1, message="the lost run redone")
-    assert get_backend().live_state(row.key_hash)["pending"] == 1
-    assert DebounceRun.objects.get().outcome == "lost"
+        wait_for(purged_back_to_pending, timeout=10, interval=0.1, message="the lost run redone")
+        assert get_backend().live_state(row.key_hash)["pending"] == 1
+        assert DebounceRun.objects.get().outcome == "lost"  # the purge wrote the record
+        assert task.ran == []
 
 
 @pytest.mark.django_db(transaction=True)

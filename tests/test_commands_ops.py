@@ -3,6 +3,7 @@ operator types them), batches, --task, recovery counts, live values from Redis."
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import os
@@ -22,6 +23,7 @@ from django_debounce.models import DebounceKey, DebounceRun
 from django_debounce.testing import run_due
 from tests.celery_app import app
 from tests.conftest import ROOT, wait_for
+from tests.private_tasks import private_task
 from tests.testapp.tasks import record, record_other, record_slow
 
 
@@ -110,26 +112,31 @@ def test_purge_deletes_in_batches_and_task_limits_the_deletion(eager, store):
 
 @pytest.mark.django_db(transaction=True)
 def test_purge_reports_lost_leases_in_a_dry_run_and_redoes_them(eager, store):
-    record.trigger("lease")
-    row = DebounceKey.objects.get()
-    soon = timezone.now() + timedelta(seconds=0.5)
-    decision = get_backend().fire(row.key_hash, None, overlap=False, lease=0.01, now=soon)
-    assert decision.claim is not None  # claimed; its worker "dies"
-    # The lease (0.01 s) ends half a second from now, on the store's clock.
-    out = wait_for(
-        lambda: (
-            (dry := run("debounce_purge", "--older-than", "7d", "--dry-run"))
-            and "would redo 1 runs whose lease ran out" in dry
-            and dry
-        ),
-        timeout=10,
-        message="the lease to run out",
-    )
-    assert "(dry run: nothing recovered or deleted)" in out
-    assert get_backend().live_state(row.key_hash)["state"] == "running"
-    out = run("debounce_purge", "--older-than", "7d")
-    assert "redid 1 runs whose lease ran out" in out
-    assert get_backend().live_state(row.key_hash)["state"] == "pending"
+    # A task no worker knows: the pump of a worker would redo the lost run before the purge.
+    with private_task("tests.purge_lease", wait=0.3) as task:
+        task.trigger("lease")
+        row = DebounceKey.objects.get()
+        soon = timezone.now() + timedelta(seconds=0.5)
+        options = dataclasses.replace(task.flight_options(), lease=0.01)
+        decision = get_backend().fire(
+            row.key_hash, None, task_name=task.name, options=options, now=soon
+        )
+        assert decision.claim is not None  # claimed; its worker "dies"
+        # The lease (0.01 s) ends half a second from now, on the store's clock.
+        out = wait_for(
+            lambda: (
+                (dry := run("debounce_purge", "--older-than", "7d", "--dry-run"))
+                and "would redo 1 runs whose lease ran out" in dry
+                and dry
+            ),
+            timeout=10,
+            message="the lease to run out",
+        )
+        assert "(dry run: nothing recovered or deleted)" in out
+        assert get_backend().live_state(row.key_hash)["state"] == "running"
+        out = run("debounce_purge", "--older-than", "7d")
+        assert "redid 1 runs whose lease ran out" in out
+        assert get_backend().live_state(row.key_hash)["state"] == "pending"
 
 
 @pytest.mark.django_db(transaction=True)

@@ -49,12 +49,19 @@ def test_trigger_inside_atomic_runs_after_commit_and_reads_committed_row(worker)
     doc = Doc.objects.create(value=1)
     wait_for(lambda: RunLog.objects.filter(task="testapp.doc_saved", value_seen=1).exists())
     RunLog.objects.all().delete()
+    # The first run reaches the durable record (on the Redis store through the worker's
+    # recorder, a few seconds later) before the transaction below holds the database.
+    row = wait_for(
+        lambda: DebounceKey.objects.filter(task_name="testapp.doc_saved", state="idle").first(),
+        message="the first run recorded",
+    )
     with transaction.atomic():
         doc.value = 2
         doc.save()
         # The receiver's wait is 0 and the worker is idle: nothing may run before commit.
         assert stays(lambda: not RunLog.objects.exists(), duration=1.0)
         assert DebounceKey.objects.filter(task_name="testapp.doc_saved", pending__gt=0).count() == 0
+        assert doc_saved.get_backend().live_state(row.key_hash)["pending"] == 0  # nor in the store
     runs = wait_for(lambda: list(RunLog.objects.filter(task="testapp.doc_saved")))
     assert stays(lambda: RunLog.objects.count() == 1, duration=1.0)
     assert runs[0].value_seen == 2

@@ -1,6 +1,6 @@
 """Issue 4 semantics against a real worker, on every store: edges (lodash), throttle, collect,
-retries, leases from time limits, periodic recovery, and an ETA message the broker delivers
-twice."""
+retries, leases from time limits, a lost dispatch message taken again by the pump, and an ETA
+message the broker delivers twice."""
 
 from __future__ import annotations
 
@@ -109,7 +109,16 @@ def test_throttle_runs_at_most_once_per_wait_during_a_stream(worker, unique_tag)
     assert min(gaps) >= throttled.wait - 0.05, gaps
     assert 4 <= len(done) <= 9, len(done)  # ~3 s / 0.5 s, plus the leading and trailing edges
     assert done[0].started < starts[0] + 0.5 and done[0].triggers <= 3  # the leading edge
-    assert sum(r.triggers for r in done) == key_row(throttled, unique_tag).triggers
+    row = key_row(throttled, unique_tag)
+    live = throttled.get_backend().live_state(row.key_hash)
+    assert (live["pending"], live["state"]) == (0, "idle")
+    assert sum(r.triggers for r in done) == live["triggers"]  # every trigger ran, once (I6)
+    # The durable record catches up (on the Redis store through the worker's recorder).
+    wait_for(
+        lambda: key_row(throttled, unique_tag).triggers == live["triggers"],
+        timeout=20,
+        message="the durable record's trigger count",
+    )
 
 
 # -- collect ------------------------------------------------------------------------------
@@ -231,6 +240,29 @@ def test_a_run_longer_than_its_lease_keeps_it_by_heartbeats_and_never_overlaps(w
     assert outcomes(row) == ["success", "success"]  # never lost
 
 
+def test_a_short_lease_is_kept_while_a_run_with_a_long_lease_is_live(worker, unique_tag):
+    from tests.testapp.tasks import long_runner  # lease 1.5 s, body 4 s
+
+    # A run whose lease is 20 s is live: the lease keeper must still look at the runs that
+    # start meanwhile often enough to keep a 1.5 s lease.
+    flaky.trigger(unique_tag, 0, 6.0)  # no failure; the body takes 6 s
+    wait_for(lambda: runs("testapp.flaky", unique_tag, done=False), message="the long-lease run")
+    # live for a while: the keeper has looked at the active runs since it started
+    assert stays(lambda: not runs("testapp.flaky", unique_tag), duration=1.0)
+    long_runner.trigger(unique_tag)
+    wait_for(lambda: runs("testapp.long_runner", unique_tag, done=False), message="the run")
+    long_runner.trigger(unique_tag)  # during the run: one follow-up after it
+    done = wait_for(
+        lambda: (r := runs("testapp.long_runner", unique_tag))[1:] and r,
+        timeout=30,
+        message="the follow-up",
+    )
+    assert done[1].started >= done[0].finished  # the first run's lease was kept: no overlap
+    assert stays(lambda: len(runs("testapp.long_runner", unique_tag, done=False)) == 2, duration=2)
+    assert outcomes(key_row(long_runner, unique_tag)) == ["success", "success"]  # never lost
+    assert outcomes(key_row(flaky, unique_tag, 0, 6.0)) == ["success"]
+
+
 def test_lease_is_derived_from_the_time_limit(settings):
     settings.DEBOUNCE_LEASE = 300
     assert limited.lease == 7 + 5
@@ -242,48 +274,67 @@ def test_lease_is_derived_from_the_time_limit(settings):
 
 
 def test_eta_message_delivered_twice_by_the_broker_runs_the_body_once(
-    celery_worker_session, store, transactional_db, unique_tag
+    celery_worker_session, store, transactional_db, unique_tag, settings
 ):
-    # A visibility timeout shorter than the countdown: the Redis transport gives the
-    # unacknowledged ETA message to the worker again before it is due.
+    # A flight due within DEBOUNCE_PUMP_INTERVAL goes out at its trigger, as an ETA message
+    # (countdown: its wait). With a visibility timeout shorter than that countdown, the Redis
+    # transport gives the unacknowledged ETA message to the worker again before it is due.
+    settings.DEBOUNCE_PUMP_INTERVAL = eta.wait + 2
     worker = Worker(concurrency=2, queue="debounce-eta", env={"DEBOUNCE_TEST_VISIBILITY": "1"})
     worker.start()
     try:
-        eta.trigger(unique_tag)
+        result = eta.trigger(unique_tag)
+        assert result.scheduled  # published at once, with a countdown of eta.wait
         wait_for(lambda: runs("testapp.eta", unique_tag), timeout=30, message="the run")
         log = worker.log.read_bytes()
         received = len(re.findall(rb"testapp\.eta\[[^\]]+\] received", log))
         assert received >= 2, "the broker did not deliver the message twice"
         assert stays(lambda: len(runs("testapp.eta", unique_tag, done=False)) == 1, duration=2.0)
+        (run,) = runs("testapp.eta", unique_tag)
+        assert run.triggers == 1
     finally:
         worker.stop()
 
 
-def test_lost_dispatch_message_is_redone_by_the_workers_periodic_recovery(
-    celery_worker_session, store, transactional_db, unique_tag
+def pump_stats(app) -> dict[str, dict]:
+    """``debounce_stats`` of every worker (Celery remote control), by worker name."""
+    replies = app.control.broadcast("debounce_stats", reply=True, timeout=2.0) or []
+    return {name: stats for reply in replies for name, stats in reply.items()}
+
+
+def test_lost_dispatch_message_is_taken_again_by_the_pump_after_the_grace(
+    celery_worker_session, store, transactional_db, unique_tag, settings
 ):
+    from tests.celery_app import app
+
+    settings.DEBOUNCE_DISPATCH_GRACE = 1  # here (the take of the trigger) and in the worker
     worker = Worker(
-        concurrency=1,
-        queue="debounce-recovery",
-        env={"DEBOUNCE_TEST_RECOVERY_INTERVAL": "1", "DEBOUNCE_TEST_DISPATCH_GRACE": "1"},
+        concurrency=1, queue="debounce-recovery", env={"DEBOUNCE_TEST_DISPATCH_GRACE": "1"}
     )
     worker.start()
     try:
-        k, payload = orphan.resolve((unique_tag,), {})
-        # The store counts the trigger and marks a message outstanding; the message is lost
-        # (a crash between the store write and the publish).
-        result, dispatch, _undo = orphan.get_backend().trigger(
+        again_before = sum(st["taken_again"] for st in pump_stats(app).values())
+        k, _payload, stored = orphan._resolve((unique_tag,), {})
+        # The store counts the trigger and takes the flight for a message due within the pump
+        # interval; that message is lost (a crash between the store write and the publish).
+        result, dispatch = orphan.get_backend().trigger(
             task_name=orphan.name,
             key=k,
             key_hash=key_hash(orphan.name, k),
-            payload=payload,
-            wait=orphan.wait,
-            max_wait=None,
+            payload_json=stored,
+            options=orphan.flight_options(),
         )
         assert dispatch is not None and result.scheduled
+        lost_at = time.time()
         done = wait_for(
-            lambda: runs("testapp.orphan", unique_tag), timeout=30, message="the recovered run"
+            lambda: runs("testapp.orphan", unique_tag), timeout=30, message="the run taken again"
         )
         assert done[0].triggers == 1
+        # Not before the message counted as lost, and by a pump taking it again (the same
+        # sequence number: a duplicate of the lost message, never a second run).
+        assert done[0].started >= lost_at + 1.0 - 0.05
+        again = sum(st["taken_again"] for st in pump_stats(app).values())
+        assert again >= again_before + 1
+        assert stays(lambda: len(runs("testapp.orphan", unique_tag, done=False)) == 1, duration=1.5)
     finally:
         worker.stop()

@@ -71,6 +71,19 @@ def later() -> datetime:
     return timezone.now() + timedelta(seconds=1)
 
 
+def ended_run(**lookup: object) -> DebounceRun:
+    """The one ``DebounceRun`` row matching ``lookup`` once it records the run's end. A run on
+    the Redis store reaches its row through the worker's recorder (a few seconds later), one
+    on the database store in the run's own transaction."""
+
+    def ended() -> DebounceRun | None:
+        rows = list(DebounceRun.objects.filter(**lookup))
+        assert len(rows) <= 1, rows
+        return rows[0] if rows and rows[0].outcome != DebounceRun.Outcome.RUNNING else None
+
+    return wait_for(ended, timeout=30, message=f"the run's end recorded ({lookup})")
+
+
 def signal_rows(name: str, task: str) -> list[RunLog]:
     return list(RunLog.objects.filter(task=f"signal:{name}", tag=task).order_by("id"))
 
@@ -268,7 +281,8 @@ def test_worker_sends_run_signals_with_the_documented_arguments(worker, unique_t
     # run_* are sent in the worker process that ran the body, around it.
     assert started.pid == finished.pid == body.pid
     assert started.id < body.id < finished.id
-    run = DebounceRun.objects.get(debounce_key__key=key)
+    run = ended_run(debounce_key__key=key)
+    assert run.outcome == "success"
     for row in (started, finished):
         p = row.payload
         assert set(p) == RUN_KWARGS - {"signal"} | (
@@ -296,7 +310,7 @@ def test_worker_run_finished_reports_a_failure(worker, unique_tag):
     )
     assert row.payload["outcome"] == "failure"
     assert row.payload["error"] == f"ValueError: boom {unique_tag}"
-    assert DebounceRun.objects.get(debounce_key__key=result.key).outcome == "failure"
+    assert ended_run(debounce_key__key=result.key).outcome == "failure"
 
 
 @pytest.mark.worker
@@ -317,4 +331,4 @@ def test_worker_bookkeeping_survives_a_raising_receiver(worker, unique_tag):
     wait_for(recorded, timeout=30, message="the run recorded as finished")
     live = get_backend().live_state(row.key_hash)
     assert (live["merged"], live["pending"]) == (2, 0)
-    assert DebounceRun.objects.get(debounce_key=row).outcome == "success"
+    assert ended_run(debounce_key=row).outcome == "success"

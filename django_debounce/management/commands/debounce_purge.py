@@ -13,7 +13,7 @@ from django.utils import timezone
 from django_debounce import conf, durations
 from django_debounce.exceptions import UnknownTask
 from django_debounce.models import DebounceKey, DebounceRun
-from django_debounce.recovery import cancel_unregistered, recover, registered_names
+from django_debounce.recovery import cancel_unregistered, record_now, recover, registered_names
 from django_debounce.tasks import get_debounced_task
 
 
@@ -92,6 +92,10 @@ class Command(BaseCommand):
                         f"{names or 'none yet'}."
                     ) from None
             keys, runs = keys.filter(task_name=task), runs.filter(task_name=task)
+        # The durable rows of Redis-held keys lag the live state by the records no recorder
+        # wrote yet (none runs in this process): write them before reading the rows. That
+        # changes no debounce state, so a dry run does it too.
+        record_now()
         now = timezone.now()
         cutoff = now - age
         dry = options["dry_run"]
