@@ -181,11 +181,10 @@ def no_workers() -> Iterator[None]:
     stopped first and started again after the module.
 
     For tests that must be the only actor on the keys they drive, such as the property test,
-    which drives the stores with a fake clock against a model: a worker recovers every live
-    key of the test database and Redis at the real clock and with its own settings, when it
-    starts and every ``DEBOUNCE_RECOVERY_INTERVAL`` seconds (the session's worker stays up
-    for the whole session once a test used it), and that test cannot tell such a step from a
-    store bug."""
+    which drives the stores with a fake clock against a model: a worker's pump takes the due
+    index entries of the tasks it knows at the real clock and with its own settings, at every
+    tick (the session's worker stays up for the whole session once a test used it), and that
+    test cannot tell such a step from a store bug."""
     stopped = sorted((w for w in Worker.live if w.running), key=lambda w: w.queue)
     for worker in stopped:
         worker.stop()

@@ -135,8 +135,7 @@ if os.environ.get("DEBOUNCE_TEST_VISIBILITY"):
 DEBOUNCE_BACKEND = os.environ.get("DEBOUNCE_TEST_BACKEND", "auto")
 DEBOUNCE_DEFAULT_WAIT = 0.3
 DEBOUNCE_LEASE = 60
-# The recovery test's worker recovers every second, with a one-second grace.
-DEBOUNCE_RECOVERY_INTERVAL = float(os.environ.get("DEBOUNCE_TEST_RECOVERY_INTERVAL", 60))
+# The lost-message test's worker takes a flight again after a one-second grace.
 DEBOUNCE_DISPATCH_GRACE = float(os.environ.get("DEBOUNCE_TEST_DISPATCH_GRACE", 60))
 
 LOGGING = {
