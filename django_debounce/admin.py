@@ -14,12 +14,11 @@ from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
-from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.http import urlencode
 from django.utils.translation import gettext_lazy as _
 
-from django_debounce import charts, conf, display, live
+from django_debounce import charts, conf, dbtime, display, live
 from django_debounce.backends import get_backend
 from django_debounce.exceptions import UnknownTask
 from django_debounce.models import DebounceKey, DebounceRun
@@ -235,7 +234,7 @@ class DebounceKeyAdmin(ReadOnlyAdmin):
         from django_debounce.recovery import record_now
 
         record_now()
-        deleted = queryset.delete_stale(timezone.now())
+        deleted = queryset.delete_stale(dbtime.now())
         self.message_user(request, f"Purged {deleted} idle key(s) and their run history.")
 
     # -- live values ------------------------------------------------------------------------
@@ -261,24 +260,24 @@ class DebounceKeyAdmin(ReadOnlyAdmin):
     @admin.display(description=_("first trigger"), ordering="first_trigger_at")
     def first_trigger(self, obj: DebounceKey) -> str:
         """First trigger of the open flight, as "12 s ago"."""
-        return display.ago(obj.first_trigger_at, timezone.now())
+        return display.ago(obj.first_trigger_at, dbtime.now())
 
     @admin.display(description=_("last trigger"), ordering="last_trigger_at")
     def last_trigger(self, obj: DebounceKey) -> str:
         """Last trigger (of the open flight, else of the last claimed one), as "12 s ago"."""
-        return display.ago(obj.last_trigger_at, timezone.now())
+        return display.ago(obj.last_trigger_at, dbtime.now())
 
     @admin.display(description=_("fires"), ordering="due_at")
     def fires(self, obj: DebounceKey) -> str:
         """When the open flight runs: "in 12 s", "now", "overdue 3 s", "after the live run"."""
-        return display.fire_time(obj, timezone.now())
+        return display.fire_time(obj, dbtime.now())
 
     @admin.display(description=_("last run"), ordering="last_run_at")
     def last_run(self, obj: DebounceKey) -> str:
         """When the last run started and how it ended: "3 min ago: success"."""
         if obj.last_run_at is None:
             return ""
-        when = display.ago(obj.last_run_at, timezone.now())
+        when = display.ago(obj.last_run_at, dbtime.now())
         return f"{when}: {obj.last_outcome}" if obj.last_outcome else when
 
     @admin.display(description=_("recent runs"))
@@ -288,7 +287,7 @@ class DebounceKeyAdmin(ReadOnlyAdmin):
         if not runs:
             return "no runs yet"
         all_runs = (
-            reverse("admin:django_debounce_debouncerun_changelist")
+            reverse(f"{self.admin_site.name}:django_debounce_debouncerun_changelist")
             + f"?debounce_key__id__exact={obj.pk}"
         )
         header = format_html(
@@ -351,6 +350,8 @@ class DebounceKeyAdmin(ReadOnlyAdmin):
         permission on keys."""
         if not self.has_view_or_change_permission(request):
             raise PermissionDenied
+        # links resolve into the admin site that serves the page, as Django's own views do
+        request.current_app = self.admin_site.name
         period = request.GET.get("period", DEFAULT_PERIOD)
         if period not in PERIODS:
             period = DEFAULT_PERIOD
@@ -371,7 +372,10 @@ class DebounceKeyAdmin(ReadOnlyAdmin):
                 "p95": display.duration(task.p95_delay) if task.p95_delay is not None else "",
                 "ratio": f"{task.ratio:.1f}" if task.ratio is not None else "",
                 "sparkline": charts.sparkline(task.bucket_triggers, task.bucket_runs, labels),
-                "keys_url": reverse("admin:django_debounce_debouncekey_changelist")
+                "keys_url": reverse(
+                    "admin:django_debounce_debouncekey_changelist",
+                    current_app=self.admin_site.name,
+                )
                 + "?"
                 + urlencode({"task": task.task_name}),
             }

@@ -7,6 +7,8 @@ from datetime import datetime, timedelta
 from django.db import models
 from django.utils.translation import gettext_lazy as _
 
+from django_debounce.dbtime import AwareDateTimeField
+
 
 def _delete_in_batches(qs: models.QuerySet, batch_size: int, dry_run: bool) -> int:
     """Delete the rows of ``qs`` in batches of primary keys; returns how many (would) go."""
@@ -126,19 +128,19 @@ class DebounceKey(models.Model):
     flight_id = models.PositiveBigIntegerField(
         _("flight id"), default=0, help_text=_("+1 each time a flight opens; a fencing token.")
     )
-    first_trigger_at = models.DateTimeField(
+    first_trigger_at = AwareDateTimeField(
         _("first trigger"), null=True, blank=True, help_text=_("First trigger of the open flight.")
     )
-    last_trigger_at = models.DateTimeField(
+    last_trigger_at = AwareDateTimeField(
         _("last trigger"), null=True, blank=True, help_text=_("Last trigger of the open flight.")
     )
-    due_at = models.DateTimeField(
+    due_at = AwareDateTimeField(
         _("due at"),
         null=True,
         blank=True,
         help_text=_("When the open flight may run: min(last trigger + wait, anchor + max_wait)."),
     )
-    anchor_at = models.DateTimeField(
+    anchor_at = AwareDateTimeField(
         _("max_wait anchor"),
         null=True,
         blank=True,
@@ -149,7 +151,7 @@ class DebounceKey(models.Model):
             "first trigger."
         ),
     )
-    bound_at = models.DateTimeField(
+    bound_at = AwareDateTimeField(
         _("max_wait bound"),
         null=True,
         blank=True,
@@ -171,13 +173,13 @@ class DebounceKey(models.Model):
         default=False,
         help_text=_("A dispatch message for the open flight has been published."),
     )
-    scheduled_at = models.DateTimeField(
+    scheduled_at = AwareDateTimeField(
         _("dispatch due"),
         null=True,
         blank=True,
         help_text=_("When the outstanding dispatch message should arrive."),
     )
-    watchdog_at = models.DateTimeField(
+    watchdog_at = AwareDateTimeField(
         _("watchdog due"),
         null=True,
         blank=True,
@@ -186,7 +188,7 @@ class DebounceKey(models.Model):
     overlap = models.BooleanField(
         _("overlap"), default=False, help_text=_("The task allows overlapping runs of this key.")
     )
-    merge_until = models.DateTimeField(
+    merge_until = AwareDateTimeField(
         _("merge until"),
         null=True,
         blank=True,
@@ -217,7 +219,7 @@ class DebounceKey(models.Model):
             "covered: when its attempts run out, only these are given up."
         ),
     )
-    not_before = models.DateTimeField(
+    not_before = AwareDateTimeField(
         _("retry not before"),
         null=True,
         blank=True,
@@ -240,13 +242,13 @@ class DebounceKey(models.Model):
             "process): the lease keeper extends the lease of the run its message claimed."
         ),
     )
-    run_anchor_at = models.DateTimeField(
+    run_anchor_at = AwareDateTimeField(
         _("max_wait anchor of live run"),
         null=True,
         blank=True,
         help_text=_("The max_wait anchor of the flight the live run claimed."),
     )
-    run_bound_at = models.DateTimeField(
+    run_bound_at = AwareDateTimeField(
         _("max_wait bound of live run"),
         null=True,
         blank=True,
@@ -258,7 +260,7 @@ class DebounceKey(models.Model):
         db_default=0,
         help_text=_("Triggers claimed by the live run that an earlier attempt covered."),
     )
-    running_until = models.DateTimeField(
+    running_until = AwareDateTimeField(
         _("lease until"),
         null=True,
         blank=True,
@@ -273,7 +275,7 @@ class DebounceKey(models.Model):
         blank=True,
         help_text=_("Payload claimed by the live run, kept to redo it if it is lost."),
     )
-    run_first_trigger_at = models.DateTimeField(
+    run_first_trigger_at = AwareDateTimeField(
         _("first trigger of live run"),
         null=True,
         blank=True,
@@ -303,7 +305,7 @@ class DebounceKey(models.Model):
             "leading run when trailing=False."
         ),
     )
-    last_run_at = models.DateTimeField(
+    last_run_at = AwareDateTimeField(
         _("last run"), null=True, blank=True, help_text=_("When the last run started.")
     )
     last_outcome = models.CharField(
@@ -319,7 +321,7 @@ class DebounceKey(models.Model):
         default="database",
         help_text=_("Which store holds the live state: database, or redis (this row mirrors it)."),
     )
-    recheck_at = models.DateTimeField(
+    recheck_at = AwareDateTimeField(
         _("recheck at"),
         null=True,
         blank=True,
@@ -328,12 +330,10 @@ class DebounceKey(models.Model):
             "no change reached it (a flight whose Redis state was lost is rebuilt from it)."
         ),
     )
-    created_at = models.DateTimeField(
+    created_at = AwareDateTimeField(
         _("created"), auto_now_add=True, help_text=_("First trigger ever.")
     )
-    updated_at = models.DateTimeField(
-        _("updated"), auto_now=True, help_text=_("Last state change.")
-    )
+    updated_at = AwareDateTimeField(_("updated"), auto_now=True, help_text=_("Last state change."))
 
     objects = DebounceKeyQuerySet.as_manager()
 
@@ -372,7 +372,7 @@ class DebounceDue(models.Model):
     task_name = models.CharField(
         _("task"), max_length=255, help_text=_("Celery name of the debounced task.")
     )
-    due_at = models.DateTimeField(_("due at"), help_text=_("When the key next needs attention."))
+    due_at = AwareDateTimeField(_("due at"), help_text=_("When the key next needs attention."))
 
     class Meta:
         verbose_name = _("due index entry")
@@ -417,16 +417,14 @@ class DebounceRun(models.Model):
     triggers = models.PositiveIntegerField(
         _("triggers"), help_text=_("Triggers claimed by this run (merged = triggers - 1).")
     )
-    first_trigger_at = models.DateTimeField(
-        _("first trigger"), help_text=_("First claimed trigger.")
-    )
-    last_trigger_at = models.DateTimeField(_("last trigger"), help_text=_("Last claimed trigger."))
-    due_at = models.DateTimeField(_("due at"), help_text=_("When the flight became due."))
-    started_at = models.DateTimeField(_("started"), help_text=_("When the run was claimed."))
+    first_trigger_at = AwareDateTimeField(_("first trigger"), help_text=_("First claimed trigger."))
+    last_trigger_at = AwareDateTimeField(_("last trigger"), help_text=_("Last claimed trigger."))
+    due_at = AwareDateTimeField(_("due at"), help_text=_("When the flight became due."))
+    started_at = AwareDateTimeField(_("started"), help_text=_("When the run was claimed."))
     delay = models.FloatField(
         _("delay"), help_text=_("Seconds from the last claimed trigger to the start of the run.")
     )
-    finished_at = models.DateTimeField(
+    finished_at = AwareDateTimeField(
         _("finished"), null=True, blank=True, help_text=_("When it ended.")
     )
     outcome = models.CharField(

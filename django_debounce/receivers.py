@@ -321,6 +321,8 @@ def _receiver_body(
             instance = model_cls._default_manager.using(alias).filter(pk=pk).first()
             if instance is None and sig is not post_delete and not task.debounce_call_missing:
                 return None
+        if model_cls is not None and pk is not None:
+            pk = model_cls._meta.pk.to_python(pk)  # the model's own type (a UUID, ...)
         sender_cls = apps.get_model(sender) if sender else model_cls
         return handler(
             sender=sender_cls, pk=pk, instance=instance, signal=sig, debounce=debounce, **kwargs
@@ -332,7 +334,7 @@ def _receiver_body(
 def _collect_body(task_holder: list[Any]) -> Callable[..., Any]:
     def body(items: list[dict[str, Any]], *, debounce: RunInfo) -> Any:
         task = task_holder[0]
-        pks = [item["pk"] for item in items]
+        pks = [apps.get_model(item["model"])._meta.pk.to_python(item["pk"]) for item in items]
         by_model: dict[str, list[Any]] = {}
         for item in items:
             by_model.setdefault(item["model"], []).append(item["pk"])

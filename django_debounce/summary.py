@@ -26,8 +26,8 @@ from typing import Any
 
 from django.db import connections, router
 from django.db.models import Case, Count, F, FloatField, Q, Sum, When
-from django.utils import timezone
 
+from django_debounce import dbtime
 from django_debounce.models import DebounceKey, DebounceRun
 from django_debounce.summary_sql import (
     Bucket,
@@ -127,7 +127,7 @@ def summarize(
     if method == "auto":
         method = {"postgresql": "sql", "sqlite": "offset"}.get(vendor, "window")
     length, width = PERIODS[period]
-    until = now or timezone.now()
+    until = now or dbtime.now()
     since = until - length
     runs = DebounceRun.objects.using(alias).filter(started_at__gte=since, started_at__lt=until)
     counted = ~Q(outcome__in=REDONE)

@@ -23,12 +23,14 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from datetime import datetime
+from functools import partial
 from typing import Any
 
 from django.db import OperationalError, connections
 from django.db.models import Aggregate, F, FloatField, Func, IntegerField, QuerySet, Window
 from django.db.models.functions import RowNumber
 
+from django_debounce.backends.database_sql import adapt_time
 from django_debounce.models import DebounceRun
 
 # Created on SQLite only, by migration 0003 (the other databases never use it).
@@ -166,7 +168,7 @@ def offset_percentiles(
     qn = connection.ops.quote_name
     table = qn(DebounceRun._meta.db_table)
     hint = f" INDEXED BY {qn(SQLITE_DELAY_INDEX)}" if connection.vendor == "sqlite" else ""
-    bounds = [connection.ops.adapt_datetimefield_value(t) for t in (since, until)]
+    bounds = [adapt_time(connection.ops, t) for t in (since, until)]
     terms: list[str] = []
     params: list[Any] = []
     wanted: list[tuple[str, float, float]] = []
@@ -221,7 +223,7 @@ def sqlite_bucket_counts(
     connection = connections[alias]
     qn = connection.ops.quote_name
     table = qn(DebounceRun._meta.db_table)
-    adapt = connection.ops.adapt_datetimefield_value
+    adapt = partial(adapt_time, connection.ops)
     ranges = [(adapt(start), adapt(start + width)) for start in starts]
     in_range = (
         f"{qn('started_at')} >= b.lo AND {qn('started_at')} < b.hi "

@@ -30,7 +30,7 @@ from django.db import (
     transaction,
 )
 
-from django_debounce import conf, observe
+from django_debounce import conf, dbtime, observe
 from django_debounce.backends import get_backend
 from django_debounce.backends.base import BaseBackend
 from django_debounce.backends.errors import store_unavailable
@@ -625,9 +625,7 @@ class DebouncedTask(Task):
         if not getattr(self.request, "debounce_run", False):
             return super().retry(args, kwargs, exc, throw, eta, countdown, max_retries, **options)
         if countdown is None and eta is not None:
-            from django.utils import timezone
-
-            countdown = max((eta - timezone.now()).total_seconds(), 0.0)
+            countdown = max((eta - dbtime.now()).total_seconds(), 0.0)
         raise _RetryRequested(exc, countdown, max_retries)
 
     def _retries(self, exc: BaseException) -> bool:

@@ -42,6 +42,7 @@ import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
@@ -60,6 +61,7 @@ from django_debounce.backends.database_sql import (
     TIME,
     Sql,
     Writes,
+    adapt_time,
     q,
     to_dt,
     to_us,
@@ -723,7 +725,7 @@ class DatabaseBackend(BaseBackend):
                     f"{conn.alias!r} is {conn.vendor}. Use DEBOUNCE_BACKEND='redis', or route "
                     "django_debounce's tables to a PostgreSQL or SQLite database."
                 )
-            sql = cache[conn.alias] = Sql(conn.vendor, conn.ops.adapt_datetimefield_value)
+            sql = cache[conn.alias] = Sql(conn.vendor, partial(adapt_time, conn.ops))
         return sql
 
     def _limits(self) -> tuple[int, int]:

@@ -18,8 +18,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from django.utils.dateparse import parse_datetime
-
+from django_debounce.dbtime import from_db, to_db
 from django_debounce.models import DebounceDue, DebounceKey, DebounceRun
 
 KEY = DebounceKey._meta.db_table
@@ -104,14 +103,17 @@ def columns(prefix: str = "") -> str:
 
 
 def to_us(value: datetime | str | None) -> int | None:
-    """Microseconds since the epoch of a database time (naive values are UTC)."""
-    if value is None:
+    """Microseconds since the epoch of a database time (naive values are in
+    ``dbtime.db_zone()``: UTC, or ``TIME_ZONE`` under ``USE_TZ = False``)."""
+    at = from_db(value)
+    if at is None:
         return None
-    at = parse_datetime(value) if isinstance(value, str) else value
-    assert at is not None, value
-    if at.tzinfo is None:
-        at = at.replace(tzinfo=UTC)
     return (at - EPOCH) // ONE_US
+
+
+def adapt_time(ops: Any, value: datetime) -> Any:
+    """``value`` (aware) as the database adapter stores it under either ``USE_TZ``."""
+    return ops.adapt_datetimefield_value(to_db(value))
 
 
 def to_dt(us: int | None) -> datetime | None:

@@ -20,10 +20,14 @@ import logging
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from functools import cache
+from functools import cache, partial
 from typing import Any
 
 from django.db import DatabaseError, connections, router
+
+from django_debounce.backends.database_sql import adapt_time
+from django_debounce.dbtime import from_db
+from django_debounce.dbtime import now as utc_now
 
 logger = logging.getLogger("django_debounce")
 
@@ -201,7 +205,7 @@ def _params(connection: Any, rows: list[dict[str, Any]]) -> list[Any]:
     row after row (times as the database adapter stores them)."""
     if connection.vendor == "postgresql":
         return [[row[name] for row in rows] for name in VARYING]
-    adapt = connection.ops.adapt_datetimefield_value
+    adapt = partial(adapt_time, connection.ops)
     out: list[Any] = []
     for row in rows:
         out += [adapt(row[name]) if name in TIMES else row[name] for name in VARYING]
@@ -313,10 +317,11 @@ def _seed_of(connection: Any, row: Any) -> str:
 
 
 def _as_datetime(connection: Any, value: Any) -> datetime | None:
-    if value is None or isinstance(value, datetime):
-        return value  # type: ignore[no-any-return]
-    converted = connection.ops.convert_datetimefield_value(value, None, connection)
-    return converted if isinstance(converted, datetime) else None
+    if value is None:
+        return None
+    if not isinstance(value, datetime):
+        value = connection.ops.convert_datetimefield_value(value, None, connection)
+    return from_db(value) if isinstance(value, datetime) else None
 
 
 def opened(rows: list[Opened]) -> None:
@@ -397,20 +402,18 @@ def synced(row: Any, pending: int, running_until: int, due: int) -> None:
 
 def rechecked(row: Any) -> None:
     """The flight of ``row`` was rebuilt in Redis: look again after its due time."""
-    from django.utils import timezone
 
     from django_debounce.models import DebounceKey
 
-    DebounceKey.objects.using(alias()).filter(pk=row.pk).update(recheck_at=_recheck(timezone.now()))
+    DebounceKey.objects.using(alias()).filter(pk=row.pk).update(recheck_at=_recheck(utc_now()))
 
 
 def recheck_later(key_hash: str) -> None:
     """Ask for a recheck of the record of ``key_hash`` one ``DEBOUNCE_DISPATCH_GRACE`` from now
     (a run of the previous release is live: its flight is adopted after it)."""
-    from django.utils import timezone
 
     from django_debounce.models import DebounceKey
 
     DebounceKey.objects.using(alias()).filter(key_hash=key_hash).update(
-        recheck_at=_recheck(timezone.now())
+        recheck_at=_recheck(utc_now())
     )

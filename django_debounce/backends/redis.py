@@ -36,7 +36,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from django_debounce import conf
+from django_debounce import conf, dbtime
 from django_debounce.backends import record
 from django_debounce.backends.base import BaseBackend, Taken, TriggerManyError
 from django_debounce.state import (
@@ -873,12 +873,11 @@ class RedisBackend(BaseBackend):
         rebuilt from the record and run (at least once). Found through the index on
         ``recheck_at``: the cost grows with what is overdue, never with the number of keys.
         Returns how many flights were rebuilt."""
-        from django.utils import timezone
 
         from django_debounce.backends import record
         from django_debounce.models import DebounceKey
 
-        at = now or timezone.now()
+        at = now or dbtime.now()
         rows = list(
             DebounceKey.objects.using(record.alias())
             .filter(store="redis", recheck_at__lte=at)

@@ -1,3 +1,5 @@
+import uuid
+
 from django.db import models
 
 
@@ -36,3 +38,10 @@ class Batchy(models.Model):
     """Saved by the collect tests; its receiver collects rows (collect=True)."""
 
     value = models.IntegerField(default=0)
+
+
+class Ticket(models.Model):
+    """A row with a UUID primary key: its receiver gets the pk as a ``uuid.UUID``."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    title = models.CharField(max_length=50, default="")

@@ -6,7 +6,7 @@ import time
 from django.db.models.signals import post_save
 
 from django_debounce import RunInfo, debounced_receiver, debounced_task
-from tests.testapp.models import Batchy, Doc, Item, OtherItem, RunLog
+from tests.testapp.models import Batchy, Doc, Item, OtherItem, RunLog, Ticket
 
 
 def _log(task: str, tag: str, debounce: RunInfo | None, **fields) -> RunLog:
@@ -279,3 +279,21 @@ def _recursive(store: str):
 
 
 lodash_recursive = {store: _recursive(store) for store in ("redis", "database")}
+
+
+# -- a UUID primary key: the handlers get the model's own type ----------------------------
+
+# What the handlers below were called with, in this process (the tests run them eagerly).
+TICKETS_SEEN: list[dict] = []
+
+
+@debounced_receiver(post_save, sender=Ticket, wait=0.3, name="testapp.ticket_saved")
+def ticket_saved(sender, pk, instance, **kwargs):
+    TICKETS_SEEN.append({"pk": pk, "instance_pk": instance.pk if instance else None})
+
+
+@debounced_receiver(
+    post_save, sender=Ticket, wait=0.3, collect=True, name="testapp.tickets_collected"
+)
+def tickets_collected(sender, pks, instances, **kwargs):
+    TICKETS_SEEN.append({"pks": pks, "instance_pks": [i.pk for i in instances]})

@@ -8,9 +8,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DEFAULT_DB_ALIAS, connections
-from django.utils import timezone
 
-from django_debounce import conf, durations
+from django_debounce import conf, dbtime, durations
 from django_debounce.exceptions import UnknownTask
 from django_debounce.models import DebounceKey, DebounceRun
 from django_debounce.recovery import cancel_unregistered, record_now, recover, registered_names
@@ -96,7 +95,7 @@ class Command(BaseCommand):
         # wrote yet (none runs in this process): write them before reading the rows. That
         # changes no debounce state, so a dry run does it too.
         record_now()
-        now = timezone.now()
+        now = dbtime.now()
         cutoff = now - age
         dry = options["dry_run"]
         # Recovery covers every key, whatever --task says: the stores recover all at once.

@@ -6,9 +6,8 @@ import json
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.utils import timezone
 
-from django_debounce import display, live
+from django_debounce import dbtime, display, live
 from django_debounce.models import DebounceKey
 
 
@@ -57,7 +56,7 @@ class Command(BaseCommand):
         more = len(rows) > options["limit"]
         rows = rows[: options["limit"]]
         live.refresh(rows)
-        now = timezone.now()
+        now = dbtime.now()
         records = []
         for r in rows:
             due = (r.due_at - now).total_seconds() if r.due_at else None
