@@ -3,17 +3,15 @@ leases and lost dispatch messages, and print what was (or would be) done."""
 
 from __future__ import annotations
 
-import difflib
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import DEFAULT_DB_ALIAS, connections
 
-from django_debounce import conf, dbtime, durations
-from django_debounce.exceptions import UnknownTask
+from django_debounce import dbtime, durations
+from django_debounce.management.commands._common import check_task, database_of, tables_in
 from django_debounce.models import DebounceKey, DebounceRun
+from django_debounce.observe import index_stats
 from django_debounce.recovery import cancel_unregistered, record_now, recover, registered_names
-from django_debounce.tasks import get_debounced_task
 
 
 class Command(BaseCommand):
@@ -53,7 +51,8 @@ class Command(BaseCommand):
             "--database",
             default=None,
             metavar="ALIAS",
-            help="database alias of the debounce tables (default: the router's)",
+            help="database alias of the debounce tables (default: the one the project's "
+            "router writes them to); recovery always uses the stores' database",
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -66,30 +65,20 @@ class Command(BaseCommand):
                 "--batch-size must be an integer from 1 to 100000 (rows per delete), e.g. "
                 "--batch-size 1000."
             )
-        alias = options["database"]
-        if alias and alias not in connections:
-            raise CommandError(
-                f"--database {alias!r} is not a database alias of this project; use one of: "
-                f"{', '.join(connections)}."
-            )
-        keys = DebounceKey.objects.using(alias) if alias else DebounceKey.objects.all()
-        runs = DebounceRun.objects.using(alias) if alias else DebounceRun.objects.all()
+        alias = database_of(options["database"])
+        with tables_in(alias):
+            self._purge(alias, age, options)
+
+    def _purge(self, alias: str, age: Any, options: dict[str, Any]) -> None:
+        keys = DebounceKey.objects.using(alias).all()
+        runs = DebounceRun.objects.using(alias).all()
         task = options["task"]
         if task:
-            known = set(keys.values_list("task_name", flat=True).distinct())
-            try:
-                get_debounced_task(task)
-            except UnknownTask:
-                if task not in known:
-                    candidates = sorted(known | registered_names())
-                    close = difflib.get_close_matches(task, candidates, n=3)
-                    hint = f" Did you mean {' or '.join(map(repr, close))}?" if close else ""
-                    names = ", ".join(candidates[:20]) + (", ..." if len(candidates) > 20 else "")
-                    raise CommandError(
-                        f"--task {task!r} is neither a registered debounced task nor recorded "
-                        f"in the database.{hint} Give the task's Celery name, one of: "
-                        f"{names or 'none yet'}."
-                    ) from None
+            check_task(
+                task,
+                lambda: set(keys.values_list("task_name", flat=True).distinct()),
+                registered_names(),
+            )
             keys, runs = keys.filter(task_name=task), runs.filter(task_name=task)
         # The durable rows of Redis-held keys lag the live state by the records no recorder
         # wrote yet (none runs in this process): write them before reading the rows. That
@@ -99,17 +88,16 @@ class Command(BaseCommand):
         cutoff = now - age
         dry = options["dry_run"]
         # Recovery covers every key, whatever --task says: the stores recover all at once.
-        everything = DebounceKey.objects.using(alias) if alias else DebounceKey.objects.all()
-        lost = everything.lease_expired(now).count()
+        lost = DebounceKey.objects.using(alias).lease_expired(now).count()
         if dry:
-            grace = conf.seconds_of("DISPATCH_GRACE")
-            overdue = everything.dispatch_overdue(now, grace).count()
+            due = sum(stats.due for stats in index_stats().values())
             recovery = (
-                f"would redo {lost} runs whose lease ran out and re-dispatch about {overdue} "
-                "flights whose message is missing or overdue"
+                f"would redo {lost} runs whose lease ran out and publish {due} flights due "
+                "now in the due index (never published, or published more than "
+                "DEBOUNCE_DISPATCH_GRACE ago and not claimed)"
             )
         else:
-            recovery = f"redid {lost} runs whose lease ran out; re-dispatched {recover()} flights"
+            recovery = f"redid {lost} runs whose lease ran out; published {recover()} flights"
         if options["unregistered"]:
             touched, dropped, orphan_tasks = cancel_unregistered(keys, dry_run=dry)
             if orphan_tasks:
@@ -141,5 +129,5 @@ class Command(BaseCommand):
             f"{verb} {n_keys} idle keys and {n_runs} runs older than {cutoff:%Y-%m-%d %H:%M:%S}"
             f" UTC; {recovery}"
             + (" (dry run: nothing recovered or deleted)" if dry else "")
-            + f" [database {alias or DEFAULT_DB_ALIAS}]"
+            + f" [database {alias}]"
         )

@@ -8,7 +8,9 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_debounce import dbtime, display, live
+from django_debounce.management.commands._common import check_task, database_of, tables_in
 from django_debounce.models import DebounceKey
+from django_debounce.recovery import registered_names
 
 
 class Command(BaseCommand):
@@ -34,22 +36,45 @@ class Command(BaseCommand):
             help="the due index per task instead: depth, entries due now, age of the oldest",
         )
         parser.add_argument(
+            "--database",
+            default=None,
+            metavar="ALIAS",
+            help="database alias of the debounce tables (default: the one the project's "
+            "router writes them to)",
+        )
+        parser.add_argument(
             "--pumps",
             action="store_true",
             help="ask every worker's pump what it published (Celery remote control, 2 s)",
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        if options["index"]:
-            return self._index(options)
-        if options["pumps"]:
-            return self._pumps(options)
         if options["limit"] < 1:
             raise CommandError("--limit must be a positive integer, e.g. --limit 100.")
+        alias = database_of(options["database"])
+        with tables_in(alias):
+            if options["task"]:
+                check_task(
+                    options["task"],
+                    lambda: set(
+                        DebounceKey.objects.using(alias)
+                        .values_list("task_name", flat=True)
+                        .distinct()
+                    ),
+                    registered_names(),
+                )
+            if options["index"]:
+                return self._index(options)
+            if options["pumps"]:
+                return self._pumps(options)
+            self._keys(alias, options)
+
+    def _keys(self, alias: str, options: dict[str, Any]) -> None:
+        keys = DebounceKey.objects.using(alias)
         if options["key"] is not None:
-            qs = DebounceKey.objects.filter(key=options["key"]).order_by("task_name", "pk")
+            qs = keys.filter(key=options["key"]).order_by("task_name", "pk")
         else:
-            qs = DebounceKey.objects.active().order_by("due_at", "pk")
+            qs = keys.active().order_by("due_at", "pk")
         if options["task"]:
             qs = qs.filter(task_name=options["task"])
         rows = list(qs[: options["limit"] + 1])

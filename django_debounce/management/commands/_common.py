@@ -1,0 +1,67 @@
+"""What ``debounce_status`` and ``debounce_purge`` share: the database of the debounce tables
+(``--database``, default the router's) and the check of a ``--task`` name. Django does not
+take this module for a command (its name starts with ``_``)."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+from django.core.management.base import CommandError
+from django.db import DatabaseError, connections, router
+
+from django_debounce.exceptions import UnknownTask
+from django_debounce.models import DebounceKey
+
+
+def database_of(alias: str | None) -> str:
+    """The database alias of the debounce tables: ``alias`` (``--database``) when given,
+    else the one the project's router writes ``DebounceKey`` to. Raises ``CommandError``
+    for an alias ``DATABASES`` does not have."""
+    if alias is None:
+        return str(router.db_for_write(DebounceKey))
+    if alias not in connections:
+        raise CommandError(
+            f"--database {alias!r} is not a database alias of this project; use one of: "
+            f"{', '.join(connections)}."
+        )
+    return alias
+
+
+@contextmanager
+def tables_in(alias: str) -> Iterator[None]:
+    """Turn a database error from the debounce tables of ``alias`` (most often: they are not
+    there) into a ``CommandError`` naming the fix, instead of a traceback."""
+    try:
+        yield
+    except DatabaseError as exc:
+        raise CommandError(
+            f"Could not read the debounce tables in database {alias!r}: {exc}".rstrip()
+            + f"\nIf they are not there, run `manage.py migrate django_debounce --database "
+            f"{alias}`, or give --database the alias your router puts them in "
+            f"({router.db_for_write(DebounceKey)!r})."
+        ) from None
+
+
+def check_task(task: str, recorded: Callable[[], set[str]], registered: set[str]) -> None:
+    """Refuse a ``--task`` that is neither a registered debounced task here nor recorded in
+    the database (``recorded()`` gives those names), with the likely ones."""
+    from django_debounce.tasks import get_debounced_task
+
+    try:
+        get_debounced_task(task)
+        return
+    except UnknownTask:
+        pass
+    known = recorded()
+    if task in known:
+        return
+    candidates = sorted(known | registered)
+    close = difflib.get_close_matches(task, candidates, n=3)
+    hint = f" Did you mean {' or '.join(map(repr, close))}?" if close else ""
+    names = ", ".join(candidates[:20]) + (", ..." if len(candidates) > 20 else "")
+    raise CommandError(
+        f"--task {task!r} is neither a registered debounced task nor recorded in the "
+        f"database.{hint} Give the task's Celery name, one of: {names or 'none yet'}."
+    )
