@@ -1,0 +1,155 @@
+"""Bad input (issue 12.7): every bad value is a ``TypeError``/``ValueError`` (or, for a
+declaration, ``ImproperlyConfigured``; for a command, ``CommandError``) naming the fix, raised
+before anything is stored, on every store; a malformed dispatch message is logged and dropped."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+from django.core.management import CommandError, call_command
+
+from django_debounce import debounced_task, trigger_many
+from django_debounce.models import DebounceKey
+from tests.testapp.models import Item
+from tests.testapp.tasks import item_saved, record
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def deep(levels: int) -> list:
+    value: list = []
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
+BAD_ARGUMENTS = [
+    pytest.param(("a\x00b",), ValueError, "NUL character", id="nul"),
+    pytest.param(("ok", 0.0, "x\x00"), ValueError, "NUL character", id="nul-in-a-later-argument"),
+    pytest.param(("\ud800",), ValueError, "not valid UTF-8", id="lone-surrogate"),
+    pytest.param((deep(10_000),), ValueError, "nested too deeply", id="10000-deep"),
+    pytest.param((object(),), TypeError, "cannot encode", id="not-json"),
+    pytest.param((float("nan"),), TypeError, "cannot encode", id="nan"),
+    pytest.param(("x" * 70_000,), ValueError, "DEBOUNCE_MAX_PAYLOAD", id="too-large"),
+]
+
+
+def nothing_stored(task, *args) -> bool:
+    return not DebounceKey.objects.filter(task_name=task.name).exists() and (
+        not args or task.status(*args) is None
+    )
+
+
+@pytest.mark.parametrize("args, error, text", BAD_ARGUMENTS)
+def test_a_bad_argument_is_refused_before_anything_is_stored(store, args, error, text):
+    with pytest.raises(error, match=text):
+        record.trigger(*args)
+    assert nothing_stored(record)
+    with pytest.raises(error, match=text):
+        trigger_many(record, [("fine",), args])
+    assert nothing_stored(record), "trigger_many checks every item before counting one"
+
+
+def test_the_payload_limit_is_a_setting(store, settings):
+    settings.DEBOUNCE_MAX_PAYLOAD = 1_000_000
+    assert record.trigger("x" * 70_000).flight_id is not None
+    settings.DEBOUNCE_MAX_PAYLOAD = 100
+    with pytest.raises(ValueError, match=r"more than DEBOUNCE_MAX_PAYLOAD \(100\)"):
+        record.trigger("x" * 200)
+
+
+def _nul_key_body(tag):
+    return None
+
+
+nul_key = debounced_task(wait=1, name="tests.bad_key", key=lambda tag: f"k\x00{tag}")(_nul_key_body)
+
+
+def test_a_bad_key_text_is_refused(store):
+    with pytest.raises(ValueError, match="key with a NUL character"):
+        nul_key.trigger("a")
+    assert nothing_stored(nul_key)
+
+
+def test_a_bad_primary_key_of_a_receiver_is_refused(store):
+    with pytest.raises(TypeError, match="not a primary key of testapp.Item"):
+        item_saved.trigger(Item, "not-a-number")
+    with pytest.raises(TypeError, match="needs a saved row"):
+        item_saved.trigger(Item())
+    assert nothing_stored(item_saved)
+
+
+@pytest.mark.parametrize(
+    "options, text",
+    [
+        ({"debounce_wait": 1e12}, "a year"),
+        ({"debounce_wait": -1}, "from 0 to"),
+        ({"debounce_max_wait": float("inf")}, "a year"),
+        ({"debounce_wait": "5s"}, "seconds"),
+    ],
+)
+def test_bad_per_trigger_options_are_refused(store, options, text):
+    with pytest.raises((TypeError, ValueError), match=text):
+        record.trigger("t", **options)
+    assert nothing_stored(record)
+
+
+@pytest.mark.parametrize(
+    "options, text",
+    [
+        ({"wait": 1e12}, "at most a year"),
+        ({"wait": -1}, ">= 0"),
+        ({"max_wait": float("nan")}, "finite"),
+        ({"lease": 0}, "more than 0"),
+        ({"collect_limit": 0, "collect": True}, "positive int"),
+        ({"expires": 5}, "DEBOUNCE_DISPATCH_GRACE"),
+        ({"wiat": 5}, "Did you mean 'wait'"),
+    ],
+)
+def test_bad_declarations_are_refused_naming_the_fix(options, text):
+    with pytest.raises((ImproperlyConfigured, TypeError), match=text):
+        debounced_task(name="tests.bad_declaration", **options)(body)
+
+
+def body(tag):
+    return None
+
+
+@pytest.mark.parametrize(
+    "args, text",
+    [
+        (["--older-than", "99999999999d"], "older-than"),
+        (["--older-than", "7"], "unit"),
+        (["--older-than", "7d", "--batch-size", "99999999999999999999"], "batch-size"),
+        (["--older-than", "7d", "--batch-size", "0"], "batch-size"),
+    ],
+)
+def test_bad_purge_arguments_are_command_errors(args, text):
+    with pytest.raises(CommandError, match=text):
+        call_command("debounce_purge", *args)
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        {"k": "a" * 64, "s": -1, "b": "r", "v": 2},
+        {"k": "a" * 64, "s": "1", "b": "r", "v": 2},
+        {"k": "a" * 64, "s": True, "b": "r", "v": 2},
+        {"k": "a" * 64, "s": 1.5, "b": "d", "v": 2},
+        {"k": 7, "s": 1, "b": "r", "v": 2},
+        {"k": "a" * 64, "s": 1, "b": "x", "v": 2},
+        {"k": "a" * 64, "s": 1, "b": "r", "v": 99},
+        "not a dict",
+    ],
+)
+def test_a_malformed_dispatch_message_is_logged_and_dropped(store, message, caplog):
+    """As the worker runs it (``apply`` with the message's keyword): no run, no exception."""
+    record.trigger("real")
+    with caplog.at_level(logging.ERROR, logger="django_debounce"):
+        result = record.apply(kwargs={"__debounce__": message})
+    assert result.successful() and result.result is None
+    assert "malformed dispatch message" in caplog.text
+    status = record.status("real")
+    assert status is not None and status.pending == 1 and status.runs == 0
