@@ -1,7 +1,8 @@
-"""Settings of a project with two databases (tests/test_commands_databases.py runs the
+"""Settings of a project with two databases (tests/test_two_databases.py runs the
 commands under them in a subprocess): ``default`` and ``other``, both SQLite files named by
-the environment; with ``DEBOUNCE_TEST_ROUTE_OTHER=1`` a router puts this app's tables on
-``other``."""
+the environment; ``DEBOUNCE_TEST_ROUTE`` names a router of this module to use:
+``DebounceOnOther`` (this app's tables on ``other``) or ``ItemsOnOther`` (the test app's
+models on ``other``)."""
 
 import os
 
@@ -32,5 +33,18 @@ class DebounceOnOther:
         return db == "default"
 
 
-if os.environ.get("DEBOUNCE_TEST_ROUTE_OTHER") == "1":
-    DATABASE_ROUTERS = ["tests.settings_two_databases.DebounceOnOther"]
+class ItemsOnOther:
+    """Route the test app's models to ``other``, everything else to ``default``."""
+
+    def db_for_read(self, model, **hints):
+        return "other" if model._meta.app_label == "testapp" else None
+
+    db_for_write = db_for_read
+
+    def allow_migrate(self, db, app_label, **hints):
+        return db == ("other" if app_label == "testapp" else "default")
+
+
+ROUTER = os.environ.get("DEBOUNCE_TEST_ROUTE", "")
+if ROUTER:
+    DATABASE_ROUTERS = [f"tests.settings_two_databases.{ROUTER}"]
