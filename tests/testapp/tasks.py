@@ -116,6 +116,19 @@ def crashy(tag: str, sleep: float = 0.0, *, debounce: RunInfo) -> None:
     _body("testapp.crashy", tag, sleep, debounce)
 
 
+@debounced_task(
+    wait=0.2,
+    name="testapp.hard_limited",
+    time_limit=2,
+    max_retries=0,
+    key=lambda tag, sleep=0.0: f"hard_limited:{tag}",
+)
+def hard_limited(tag: str, sleep: float = 0.0, *, debounce: RunInfo) -> None:
+    """Killed by its hard time limit when it sleeps more than 2 s; never retried (its lease:
+    2 + 5 s)."""
+    _body("testapp.hard_limited", tag, sleep, debounce, payload={"sleep": sleep})
+
+
 # -- edges (lodash): a run on the leading edge, then a trailing one only if more came -----
 
 
