@@ -56,6 +56,18 @@ CELERY_DECORATOR_OPTIONS = frozenset(
 )
 
 
+# The Celery options that route a task's messages. Celery reads them from task attributes but
+# deprecates that (removed in Celery 6), so the decorators keep them apart (``routing_of``)
+# and ``DebouncedTask.apply_async`` gives them to every publish: dispatch messages, retries
+# and plain calls all go where the decorator routes the task.
+ROUTING_OPTIONS = ("queue", "routing_key", "exchange", "exchange_type", "delivery_mode", "priority")
+
+
+def routing_of(celery_options: dict[str, Any]) -> dict[str, Any]:
+    """Take the routing options out of ``celery_options`` (see ``ROUTING_OPTIONS``)."""
+    return {name: celery_options.pop(name) for name in ROUTING_OPTIONS if name in celery_options}
+
+
 @dataclasses.dataclass(frozen=True)
 class DebounceOptions:
     """This app's options of both decorators (durations in seconds, ``int``/``float`` or
@@ -149,6 +161,16 @@ class DebounceOptions:
         celery = {name: value for name, value in options.items() if name not in cls.NAMES}
         check_celery_options(celery, known=(*cls.NAMES, *extra))
         return cls(**ours), celery
+
+    @classmethod
+    def split_with_routing(
+        cls, options: dict[str, Any], *, extra: tuple[str, ...] = ()
+    ) -> tuple[DebounceOptions, dict[str, Any]]:
+        """``split``, with the routing options moved into the task attribute
+        ``debounce_route`` of the returned Celery options."""
+        ours, celery = cls.split(options, extra=extra)
+        celery["debounce_route"] = routing_of(celery)
+        return ours, celery
 
     def task_attributes(self) -> dict[str, Any]:
         """The ``DebouncedTask`` class attributes these options set (``debounce_<name>``)."""

@@ -61,7 +61,7 @@ def registered_tasks() -> dict[str, Any]:
 def queue_of(task: Any) -> str | None:
     """The queue Celery routes ``task``'s messages to (``None`` when it cannot tell)."""
     try:
-        route = task.app.amqp.router.route({}, task.name)
+        route = task.app.amqp.router.route(dict(getattr(task, "debounce_route", {})), task.name)
         queue = route.get("queue")
         return getattr(queue, "name", queue)
     except Exception:  # a router that needs arguments: no cap for it

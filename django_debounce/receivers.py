@@ -419,7 +419,9 @@ def debounced_receiver(
     (``on_commit``). Raises ``ImproperlyConfigured`` for invalid options, ``TypeError`` for
     unknown ones and for a handler that does not take ``**kwargs``.
     """
-    debounce, celery_options = DebounceOptions.split(options, extra=("sender", "call_missing"))
+    debounce, celery_options = DebounceOptions.split_with_routing(
+        options, extra=("sender", "call_missing")
+    )
     if celery_options.get("bind"):
         raise ImproperlyConfigured(
             "debounced_receiver does not take bind=True: its handler is called with keyword "

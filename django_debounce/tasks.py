@@ -15,7 +15,7 @@ import time
 import traceback
 from collections.abc import Callable
 from functools import partial
-from typing import Any
+from typing import Any, ClassVar
 
 from celery import Task
 from celery.exceptions import Retry
@@ -109,6 +109,9 @@ class DebouncedTask(Task):
     debounce_trailing: bool = True
     debounce_collect: bool = False
     debounce_collect_limit: int = 1000
+    # The decorator's routing options (queue=, routing_key=, ...), given to every publish
+    # (options.ROUTING_OPTIONS: Celery 5.5+ deprecates them as task attributes).
+    debounce_route: ClassVar[dict[str, Any]] = {}
 
     # -- configuration read when used ----------------------------------------------------
 
@@ -532,6 +535,8 @@ class DebouncedTask(Task):
         (``typing`` is off only so that dispatch messages may carry their reserved keyword)."""
         if not (kwargs and DISPATCH_KWARG in kwargs):
             self._binder.sig.bind(*(args or ()), **(kwargs or {}))
+        for name, value in self.debounce_route.items():
+            options.setdefault(name, value)  # the decorator's routing; the call's wins
         return super().apply_async(args, kwargs, *rest, **options)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -654,17 +659,15 @@ class DebouncedTask(Task):
         return float(self.default_retry_delay or 0)
 
     def _call_body(self, args: list[Any], kwargs: dict[str, Any], attempt: int) -> Any:
-        """``Task.__call__`` with a request that says "debounced run": ``request.retries`` is
-        the attempt, as in a Celery retry, and ``retry()`` knows not to re-send the task."""
-        from celery.app.task import _task_stack
-
-        _task_stack.push(self)
+        """Run the body under a request that says "debounced run" (Celery's public
+        ``push_request``): ``request.retries`` is the attempt, as in a Celery retry, and
+        ``retry()`` knows not to re-send the task. In a worker, Celery's tracer has already
+        made this task the current one (``current_task``); ``bind=True`` gets ``self``."""
         self.push_request(args=args, kwargs=kwargs, retries=attempt, debounce_run=True)
         try:
             return self.run(*args, **kwargs)
         finally:
             self.pop_request()
-            _task_stack.pop()
 
     def run_claim(self, backend: BaseBackend, claim: Claim, *, in_worker: bool = False) -> Any:
         """Execute the body for a claimed flight, then record the finish and schedule what

@@ -66,6 +66,7 @@ from django_debounce.backends.database_sql import (
     to_dt,
     to_us,
 )
+from django_debounce.dispatch import LABEL
 from django_debounce.keys import dumps
 from django_debounce.models import DebounceDue, DebounceKey
 from django_debounce.state import (
@@ -819,7 +820,9 @@ class DatabaseBackend(BaseBackend):
     ) -> Dispatch | None:
         if msg is None:
             return None
-        return Dispatch(key_hash, msg[0], msg[1] / US, self.store, task_name, label[:80])
+        if len(label) > LABEL:
+            label = label[: LABEL - 1] + "…"  # as dispatch.publish cuts it
+        return Dispatch(key_hash, msg[0], msg[1] / US, self.store, task_name, label)
 
     # -- triggers ---------------------------------------------------------------------------
 
