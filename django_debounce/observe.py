@@ -182,12 +182,13 @@ def triggered(task: Any, result: TriggerResult) -> None:
     """A trigger of ``task`` was counted (not for a trigger still deferred to ``on_commit``)."""
     name = task.name
     logger.debug(
-        "django_debounce: trigger %s key=%r flight=%s pending=%s %s",
+        "django_debounce: trigger %s key=%r flight=%s pending=%s %s%s",
         name,
         result.key,
         result.flight_id,
         result.pending,
-        "scheduled" if result.scheduled else "merged",
+        "opened" if result.pending == 1 else "merged",
+        ", published" if result.scheduled else "",
     )
     if metrics is not None:
         metrics.count_trigger(name)

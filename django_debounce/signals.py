@@ -26,7 +26,9 @@ counted (for a trigger made inside a transaction: after the commit):
 - ``flight_id`` (int): the flight the trigger joined.
 - ``pending`` (int): triggers now pending in that flight, this one included.
 - ``due_at`` (datetime): when the flight may run (aware, UTC).
-- ``scheduled`` (bool): this trigger published the dispatch message (``False``: merged).
+- ``scheduled`` (bool): this trigger published its flight's dispatch message at once
+  (``False``: merged, or the flight waits in the due index; ``pending == 1``: it opened the
+  flight).
 
 ``run_started`` is sent in the worker when a flight has been claimed, before the body runs;
 ``run_finished`` after the body returned or raised and the run was recorded. Both pass:

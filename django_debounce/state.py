@@ -94,8 +94,10 @@ class TriggerResult:
     - ``flight_id``: the flight it joined (``None`` while deferred to ``on_commit``).
     - ``pending``: triggers in that flight, this one included (``None`` while deferred).
     - ``due_at``: aware UTC datetime when the flight may run (``None`` while deferred).
-    - ``scheduled``: ``True`` when this trigger published the dispatch message;
-      ``False`` when it was merged into a flight that already had one.
+    - ``scheduled``: ``True`` when this trigger published its flight's dispatch message at
+      once (the flight was due within ``DEBOUNCE_PUMP_INTERVAL``); ``False`` when it was
+      merged into a flight, or its flight waits in the due index for a pump. Whether it
+      opened the flight: ``pending == 1``.
     - ``deferred``: ``True`` when the trigger waits for the surrounding transaction to commit.
     - ``dropped``: ``True`` when ``trailing=False`` dropped it inside a leading run's window
       (counted in ``cancelled``; no run will cover it, as lodash debounce).
