@@ -121,7 +121,9 @@ def test_status_lists_pending_keys_with_live_counts(eager, store):
     assert [(r["task"], r["pending"], r["state"]) for r in lines] == [
         ("testapp.record_slow", 3, "pending")
     ]
-    assert run("debounce_status", "--task", "other") == "no pending or running keys\n"
+    assert (
+        run("debounce_status", "--task", "testapp.record_other") == "no pending or running keys\n"
+    )
     record_slow.trigger("t" * 80)
     short = run("debounce_status", "--limit", "1")
     assert "raise --limit to see them" in short

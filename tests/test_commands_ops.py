@@ -58,7 +58,7 @@ def shell(*args: str) -> subprocess.CompletedProcess[str]:
     [
         (["--older-than", "3y"], 1, "use a number with a unit s, m, h, d or w (e.g. 45s"),
         (["--older-than", "soon", "--dry-run"], 1, "HH:MM:SS"),
-        (["--older-than", "7d", "--batch-size", "0"], 1, "--batch-size must be a positive"),
+        (["--older-than", "7d", "--batch-size", "0"], 1, "--batch-size must be an integer from 1"),
         (["--older-than", "7d", "--batch-size", "many"], 2, "invalid int value: 'many'"),
         (["--older-than", "7d", "--database", "nosuch"], 1, "use one of: default"),
         ([], 2, "the following arguments are required: --older-than"),
