@@ -46,6 +46,7 @@ DEFAULTS: dict[str, Any] = {
     "PUMP_QUEUE_CAP": 1000,
     # Bytes of JSON one trigger may store (its payload, or its item in collect mode).
     "MAX_PAYLOAD": 65536,
+    "MAX_BATCH_PAYLOAD": 4194304,
     # Deprecated: recovery is the pump's (see checks.W005).
     "RECOVERY_INTERVAL": 60,
     "REARM_HOLD": 0.25,
@@ -163,7 +164,11 @@ def problems() -> list[tuple[str, str]]:
                     f"{type(value).__name__} (a string such as 'false' counts as true).",
                 )
             )
-    for name, unit in (("MAX_PAYLOAD", "bytes"), ("PUMP_BATCH", "entries per take")):
+    for name, unit in (
+        ("MAX_PAYLOAD", "bytes"),
+        ("MAX_BATCH_PAYLOAD", "bytes"),
+        ("PUMP_BATCH", "entries per take"),
+    ):
         value = get(name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             out.append(

@@ -25,7 +25,8 @@ class FlightOptions:
     unbounded; never below ``wait``); ``leading``/``trailing``: lodash's edges; ``overlap``:
     runs of one key may overlap; ``collect_limit``: collect mode (``None``: the payload is the
     last trigger's) and most items per run; ``lease``: how long a claimed run may go without
-    finishing or having its lease extended before it counts as lost.
+    finishing or having its lease extended before it counts as lost; ``collect_bytes``: most
+    bytes of item JSON per run (at least one item; ``None``: no bound but ``collect_limit``).
     """
 
     wait: float
@@ -35,6 +36,7 @@ class FlightOptions:
     overlap: bool = False
     collect_limit: int | None = None
     lease: float = 300.0
+    collect_bytes: int | None = None
 
     @property
     def collect(self) -> bool:

@@ -158,6 +158,7 @@ class DebouncedTask(Task):
             trailing=self.debounce_trailing,
             overlap=self.debounce_overlap,
             collect_limit=self.collect_limit,
+            collect_bytes=int(conf.get("MAX_BATCH_PAYLOAD")) if self.debounce_collect else None,
             lease=self.lease,
         )
 

@@ -90,10 +90,23 @@ class Config:
     overlap: bool
     collect_limit: int | None
     lease: int
+    collect_bytes: int | None = None
 
     @property
     def collect(self) -> bool:
         return self.collect_limit is not None
+
+    def batch(self, items: list[Any]) -> int:
+        """How many of ``items`` one run takes: at most ``collect_limit``, and at most
+        ``collect_bytes`` bytes of their JSON (never fewer than one)."""
+        assert self.collect_limit is not None
+        took, used = 0, 0
+        for item in items[: self.collect_limit]:
+            size = len(canon(item).encode())
+            if self.collect_bytes and took and used + size > self.collect_bytes:
+                break
+            took, used = took + 1, used + size
+        return took
 
 
 @dataclass(frozen=True)
@@ -469,9 +482,12 @@ class KeyModel:
         # claim
         self.run_id += 1
         payload, rest = self.payload, None
-        if cfg.collect and isinstance(payload, list) and len(payload) > (cfg.collect_limit or 0):
-            assert cfg.collect_limit is not None
-            payload, rest = payload[: cfg.collect_limit], payload[cfg.collect_limit :]
+        cut = False
+        if cfg.collect and isinstance(payload, list):
+            took = cfg.batch(payload)
+            if took < len(payload):
+                payload, rest = payload[:took], payload[took:]
+                cut = took < (cfg.collect_limit or 0)
         claimed = self.pending - (len(rest) if rest else 0)
         claim = ClaimOut(
             run_id=self.run_id,
@@ -509,7 +525,7 @@ class KeyModel:
             self.flight_id += 1
             self.pending = len(rest)
             self.payload = rest
-            self.due_fixed = len(rest) >= cfg.collect_limit
+            self.due_fixed = len(rest) >= cfg.collect_limit or cut
             if self.due_fixed:
                 self.due = now
             if cfg.overlap:

@@ -153,3 +153,28 @@ def test_a_malformed_dispatch_message_is_logged_and_dropped(store, message, capl
     assert "malformed dispatch message" in caplog.text
     status = record.status("real")
     assert status is not None and status.pending == 1 and status.runs == 0
+
+
+def test_a_collected_run_takes_at_most_max_batch_payload_bytes(store, settings):
+    """A run of a collecting task gets at most ``DEBOUNCE_MAX_BATCH_PAYLOAD`` bytes of items
+    (never fewer than one); the rest run next, at once, and none is lost."""
+    from datetime import timedelta
+
+    from django_debounce import dbtime
+    from django_debounce.keys import dumps
+    from django_debounce.testing import run_due
+    from tests.celery_app import app
+    from tests.testapp.models import RunLog
+    from tests.testapp.tasks import batch
+
+    items = [{"tag": "bytes", "n": n} for n in range(4)]  # 20 bytes of JSON each
+    settings.DEBOUNCE_MAX_BATCH_PAYLOAD = 2 * len(dumps(items[0]).encode())
+    app.conf.task_always_eager = True
+    try:
+        for item in items:
+            batch.trigger(item)
+        assert run_due(now=dbtime.now() + timedelta(seconds=1)) == 2
+    finally:
+        app.conf.task_always_eager = False
+    runs = RunLog.objects.filter(task="testapp.batch", tag="bytes").order_by("started")
+    assert [run.payload for run in runs] == [[0, 1], [2, 3]]

@@ -110,6 +110,8 @@ def configs(draw: Any) -> Config:
         overlap=draw(st.booleans()),
         collect_limit=draw(st.sampled_from([None, 2, 3])),
         lease=draw(st.sampled_from([US, 3 * US, 10 * US])),
+        # a byte budget per run that one or two of the drawn items fill
+        collect_bytes=draw(st.sampled_from([None, 4, 9])),
     )
 
 
@@ -122,6 +124,7 @@ def options(cfg: Config) -> FlightOptions:
         overlap=cfg.overlap,
         collect_limit=cfg.collect_limit,
         lease=cfg.lease / US,
+        collect_bytes=cfg.collect_bytes if cfg.collect_limit is not None else None,
     )
 
 

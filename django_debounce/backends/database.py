@@ -98,10 +98,23 @@ class _Cfg:
     overlap: bool
     collect_limit: int | None
     lease: int
+    collect_bytes: int | None = None
 
     @property
     def collect(self) -> bool:
         return self.collect_limit is not None
+
+    def batch(self, items: list[Any]) -> int:
+        """How many of ``items`` one run takes: at most ``collect_limit``, and at most
+        ``collect_bytes`` bytes of their JSON (never fewer than one)."""
+        assert self.collect_limit is not None
+        took, used = 0, 0
+        for item in items[: self.collect_limit]:
+            size = len(dumps(item).encode())
+            if self.collect_bytes and took and used + size > self.collect_bytes:
+                break
+            took, used = took + 1, used + size
+        return took
 
 
 _configs: dict[FlightOptions, _Cfg] = {}
@@ -118,6 +131,7 @@ def _cfg(options: FlightOptions) -> _Cfg:
             overlap=options.overlap,
             collect_limit=options.collect_limit,
             lease=int(round(options.lease * US)),
+            collect_bytes=options.collect_bytes,
         )
     return cfg
 
@@ -550,9 +564,12 @@ class _Key:
             return "wait", None, None
         self.run_id += 1
         payload, rest = self.payload, None
-        if cfg.collect and isinstance(payload, list) and len(payload) > (cfg.collect_limit or 0):
-            assert cfg.collect_limit is not None
-            payload, rest = payload[: cfg.collect_limit], payload[cfg.collect_limit :]
+        cut = False
+        if cfg.collect and isinstance(payload, list):
+            took = cfg.batch(payload)
+            if took < len(payload):
+                payload, rest = payload[:took], payload[took:]
+                cut = took < (cfg.collect_limit or 0)
         claimed = self.pending - (len(rest) if rest else 0)
         claim = {
             "run_id": self.run_id,
@@ -590,7 +607,7 @@ class _Key:
             self.flight_id += 1
             self.pending = len(rest)
             self.payload = rest
-            self.due_fixed = len(rest) >= cfg.collect_limit
+            self.due_fixed = len(rest) >= cfg.collect_limit or cut
             if self.due_fixed:
                 self.due = now
             if cfg.overlap:

@@ -714,6 +714,7 @@ class RedisBackend(BaseBackend):
                 -1 if seq is None else seq,
                 int(options.lease * US),
                 options.collect_limit or 0,
+                options.collect_bytes or 0,
             ],
         )
         action = int(out[0])

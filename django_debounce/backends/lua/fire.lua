@@ -1,6 +1,7 @@
 -- What a dispatch message does. Twin of DatabaseBackend.fire and KeyModel.fire.
 -- ARGV (after the common header): [8] seq (-1: in-process, no fencing), [9] lease_us,
--- [10] collect_limit (0: none).
+-- [10] collect_limit (0: none), [11] collect_bytes (0: none; a run's items stop before the
+-- one that would pass it, never fewer than one).
 -- Returns {action, lost, ...}: 0 drop, 1 rearm (seq, countdown), 2 wait, -1 missing, and
 -- 3 claim: {3, lost, run_id, flight_id, claimed, payload, first, last, due, now, attempt,
 -- follow_seq, follow_countdown, short_key, attempted}.
@@ -42,24 +43,34 @@ if s.ru > 0 and overlap == 0 then
 end
 -- claim
 local limit = tonumber(ARGV[10])
+local budget = tonumber(ARGV[11])
 local first, last, due, flight, attempt, anchor = s.ft, s.lt, s.d, s.f, s.ra, s.an
 local claimed, rest = s.p, 0
 local payload
+local cut = false
 if limit > 0 then
-  -- a run takes at most collect_limit items; the rest stay pending as the next flight
+  -- a run takes at most collect_limit items, and at most `budget` bytes of them (never
+  -- fewer than one); the rest stay pending as the next flight
   local n = redis.call('ZCARD', c.items)
   local taken = redis.call('ZRANGE', c.items, 0, limit - 1, 'WITHSCORES')
-  local parts, args = {}, {}
+  local parts, args, used = {}, {}, 0
   for i = 1, #taken, 2 do
+    if budget > 0 and #parts > 0 and used + #taken[i] > budget then
+      cut = true
+      break
+    end
+    used = used + #taken[i]
     parts[#parts + 1] = taken[i]
     args[#args + 1] = taken[i + 1]
     args[#args + 1] = taken[i]
   end
   payload = '[' .. table.concat(parts, ',') .. ']'
   redis.call('DEL', c.run_items)
-  if #args > 0 then redis.call('ZADD', c.run_items, unpack(args)) end
-  redis.call('ZREMRANGEBYRANK', c.items, 0, limit - 1)
-  rest = math.max(n - limit, 0)
+  if #args > 0 then
+    redis.call('ZADD', c.run_items, unpack(args))
+    redis.call('ZREMRANGEBYRANK', c.items, 0, #parts - 1)
+  end
+  rest = n - #parts
   claimed = s.p - rest
 else
   payload = redis.call('HGET', h, 'pl') or ''
@@ -87,7 +98,7 @@ local fseq, fcd = 0, 0
 if rest > 0 then
   s.f = s.f + 1
   s.p = rest
-  if rest >= limit then
+  if rest >= limit or cut then
     s.df = 1
     s.d = now
   else
