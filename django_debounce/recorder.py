@@ -161,160 +161,189 @@ def apply(records: list[Record]) -> None:
     not by their times: a step given ``now=`` (``run_due`` claims at a time of its own, the
     finish after it takes the store's clock) may record a time earlier than the step before."""
     from django_debounce.backends.record import alias
-    from django_debounce.models import DebounceKey, DebounceRun
 
     db = alias()
     grace = timedelta(seconds=conf.seconds_of("DISPATCH_GRACE"))
-    # In the order the scripts appended them: a key's records all come from its shard's
-    # list, in the order its steps ran (their times need not grow: a step may be given `now`).
-    hashes = {r.key_hash for r in records}
     with transaction.atomic(using=db):
-        rows = {
-            row.key_hash: row
-            for row in DebounceKey.objects.using(db)
-            .filter(key_hash__in=hashes)
-            .only("pk", "key_hash", "updated_at", "last_outcome")
-        }
-        missing = [h for h in hashes if h not in rows]
-        if missing:
-            firsts = {r.key_hash: r for r in reversed(records)}
-            DebounceKey.objects.using(db).bulk_create(
-                [
-                    DebounceKey(key_hash=h, key=h, task_name=firsts[h].task_name, store="redis")
-                    for h in missing
-                ],
-                ignore_conflicts=True,
-            )
-            for row in (
-                DebounceKey.objects.using(db)
-                .filter(key_hash__in=missing)
-                .only("pk", "key_hash", "updated_at", "last_outcome")
-            ):
-                rows[row.key_hash] = row
-        latest: dict[str, Record] = {}
-        new_runs: dict[tuple[int, int], DebounceRun] = {}
-        ended: dict[tuple[int, int], tuple[str, datetime | None, str, int | None]] = {}
-        for r in records:
-            row = rows.get(r.key_hash)
-            if row is None:
-                continue
-            latest[r.key_hash] = r
-            if r.kind == "c":
-                flight, claimed, first, last, due, attempt = (int(x) for x in r.extra.split(","))
-                started = _dt(r.at)
-                new_runs[(row.pk, r.about_run)] = DebounceRun(
-                    debounce_key_id=row.pk,
-                    store="redis",
-                    task_name=r.task_name,
-                    flight_id=flight,
-                    run_id=r.about_run,
-                    attempt=attempt,
-                    triggers=claimed,
-                    first_trigger_at=_dt(first),
-                    last_trigger_at=_dt(last),
-                    due_at=_dt(due),
-                    started_at=started,
-                    delay=max((r.at - last) / US, 0.0),
-                )
-            elif r.kind in ("f", "l"):
-                covered: int | None = None
-                if r.kind == "f":
-                    outcome, _, rest = r.extra.partition("|")
-                    count, _, error = rest.partition("|")
-                    covered = int(count) if count.isdigit() else None
-                else:
-                    outcome, error = str(DebounceRun.Outcome.LOST), "lease ran out"
-                ended[(row.pk, r.about_run)] = (outcome, _dt(r.at), error, covered)
-        for (pk, run_id), (outcome, at, error, covered) in list(ended.items()):
-            run = new_runs.get((pk, run_id))
-            if run is not None:  # claimed and ended within the batch: one row, already ended
-                run.outcome, run.finished_at, run.error = outcome, at, error
-                if covered is not None:
-                    run.triggers = covered
-                del ended[(pk, run_id)]
-        if new_runs:
-            DebounceRun.objects.using(db).bulk_create(
-                list(new_runs.values()), ignore_conflicts=True
-            )
-        if ended:
-            runs = DebounceRun.objects.using(db).filter(
-                debounce_key_id__in={pk for pk, _ in ended},
+        rows = _rows_of(db, records)
+        latest, new_runs, ended = _runs_of(rows, records)
+        _write_runs(db, new_runs, ended)
+        _write_keys(db, rows, latest, grace)
+
+
+# What ends a run: (outcome, finished_at, error, the triggers it covered when a give-up says)
+_End = tuple[str, datetime | None, str, int | None]
+
+
+def _rows_of(db: str, records: list[Record]) -> dict[str, Any]:
+    """The ``DebounceKey`` rows of the records' keys, created (a bare row) for keys that have
+    none yet, by key hash."""
+    from django_debounce.models import DebounceKey
+
+    hashes = {r.key_hash for r in records}
+    fields = ("pk", "key_hash", "updated_at", "last_outcome")
+    keys = DebounceKey.objects.using(db)
+    rows = {row.key_hash: row for row in keys.filter(key_hash__in=hashes).only(*fields)}
+    missing = [h for h in hashes if h not in rows]
+    if missing:
+        firsts = {r.key_hash: r for r in reversed(records)}
+        keys.bulk_create(
+            [
+                DebounceKey(key_hash=h, key=h, task_name=firsts[h].task_name, store="redis")
+                for h in missing
+            ],
+            ignore_conflicts=True,
+        )
+        for row in keys.filter(key_hash__in=missing).only(*fields):
+            rows[row.key_hash] = row
+    return rows
+
+
+def _runs_of(
+    rows: dict[str, Any], records: list[Record]
+) -> tuple[dict[str, Record], dict[tuple[int, int], Any], dict[tuple[int, int], _End]]:
+    """Walk the records in order: the latest record of each key, the runs claimed (new
+    ``DebounceRun`` rows, already ended when their end is in the batch too) and the ends of
+    runs claimed before the batch, by (key pk, run id)."""
+    from django_debounce.models import DebounceRun
+
+    latest: dict[str, Record] = {}
+    new_runs: dict[tuple[int, int], DebounceRun] = {}
+    ended: dict[tuple[int, int], _End] = {}
+    for r in records:
+        row = rows.get(r.key_hash)
+        if row is None:
+            continue
+        latest[r.key_hash] = r
+        if r.kind == "c":
+            flight, claimed, first, last, due, attempt = (int(x) for x in r.extra.split(","))
+            new_runs[(row.pk, r.about_run)] = DebounceRun(
+                debounce_key_id=row.pk,
                 store="redis",
-                run_id__in={run_id for _, run_id in ended},
-                outcome=DebounceRun.Outcome.RUNNING,
+                task_name=r.task_name,
+                flight_id=flight,
+                run_id=r.about_run,
+                attempt=attempt,
+                triggers=claimed,
+                first_trigger_at=_dt(first),
+                last_trigger_at=_dt(last),
+                due_at=_dt(due),
+                started_at=_dt(r.at),
+                delay=max((r.at - last) / US, 0.0),
             )
-            changed = []
-            for run in runs:
-                end = ended.get((run.debounce_key_id, run.run_id))
-                if end is None:
-                    continue
-                run.outcome, run.finished_at, run.error, covered = end
-                if covered is not None:
-                    run.triggers = covered  # a give-up covers only the attempted triggers
-                changed.append(run)
-            if changed:
-                DebounceRun.objects.using(db).bulk_update(
-                    changed, ["outcome", "finished_at", "error", "triggers"]
-                )
-        keys = []
-        for key_hash, r in latest.items():
-            row = rows[key_hash]
-            at = _dt(r.at)
-            if row.updated_at is not None and at is not None and row.updated_at > at:
-                continue  # a later change reached the row first
-            row.state = (
-                DebounceKey.State.RUNNING
-                if r.running_until
-                else DebounceKey.State.PENDING
-                if r.pending
-                else DebounceKey.State.IDLE
-            )
-            row.pending = r.pending
-            row.flight_id = r.flight_id
-            row.first_trigger_at = _dt(r.first)
-            row.last_trigger_at = _dt(r.last) or _dt(r.first)
-            row.due_at = _dt(r.due)
-            row.run_id = r.run_id
-            row.running_until = _dt(r.running_until)
-            row.triggers = r.triggers
-            row.runs = r.runs
-            row.merged = r.merged
-            row.cancelled = r.cancelled
-            row.last_run_at = _dt(r.last_run)
+        elif r.kind in ("f", "l"):
+            covered: int | None = None
             if r.kind == "f":
-                row.last_outcome = r.extra.partition("|")[0]
-            elif r.kind == "l":
-                row.last_outcome = DebounceRun.Outcome.LOST
-            row.store = "redis"
-            row.updated_at = at
-            attention = (
-                row.running_until if row.running_until else row.due_at if r.pending else None
-            )
-            row.recheck_at = attention + grace if attention is not None else None
-            keys.append(row)
-        if keys:
-            DebounceKey.objects.using(db).bulk_update(
-                keys,
-                [
-                    "state",
-                    "pending",
-                    "flight_id",
-                    "first_trigger_at",
-                    "last_trigger_at",
-                    "due_at",
-                    "run_id",
-                    "running_until",
-                    "triggers",
-                    "runs",
-                    "merged",
-                    "cancelled",
-                    "last_run_at",
-                    "last_outcome",
-                    "store",
-                    "updated_at",
-                    "recheck_at",
-                ],
-            )
+                outcome, _, rest = r.extra.partition("|")
+                count, _, error = rest.partition("|")
+                covered = int(count) if count.isdigit() else None
+            else:
+                outcome, error = str(DebounceRun.Outcome.LOST), "lease ran out"
+            ended[(row.pk, r.about_run)] = (outcome, _dt(r.at), error, covered)
+    for (pk, run_id), (outcome, at, error, covered) in list(ended.items()):
+        run = new_runs.get((pk, run_id))
+        if run is not None:  # claimed and ended within the batch: one row, already ended
+            run.outcome, run.finished_at, run.error = outcome, at, error
+            if covered is not None:
+                run.triggers = covered
+            del ended[(pk, run_id)]
+    return latest, new_runs, ended
+
+
+def _write_runs(
+    db: str, new_runs: dict[tuple[int, int], Any], ended: dict[tuple[int, int], _End]
+) -> None:
+    """Insert the new runs, then end the runs claimed before: two statements at most."""
+    from django_debounce.models import DebounceRun
+
+    if new_runs:
+        DebounceRun.objects.using(db).bulk_create(list(new_runs.values()), ignore_conflicts=True)
+    if not ended:
+        return
+    runs = DebounceRun.objects.using(db).filter(
+        debounce_key_id__in={pk for pk, _ in ended},
+        store="redis",
+        run_id__in={run_id for _, run_id in ended},
+        outcome=DebounceRun.Outcome.RUNNING,
+    )
+    changed = []
+    for run in runs:
+        end = ended.get((run.debounce_key_id, run.run_id))
+        if end is None:
+            continue
+        run.outcome, run.finished_at, run.error, covered = end
+        if covered is not None:
+            run.triggers = covered  # a give-up covers only the attempted triggers
+        changed.append(run)
+    if changed:
+        DebounceRun.objects.using(db).bulk_update(
+            changed, ["outcome", "finished_at", "error", "triggers"]
+        )
+
+
+# The DebounceKey fields a record sets (the Redis field legend, docs/design.md).
+_KEY_FIELDS = [
+    "state",
+    "pending",
+    "flight_id",
+    "first_trigger_at",
+    "last_trigger_at",
+    "due_at",
+    "run_id",
+    "running_until",
+    "triggers",
+    "runs",
+    "merged",
+    "cancelled",
+    "last_run_at",
+    "last_outcome",
+    "store",
+    "updated_at",
+    "recheck_at",
+]
+
+
+def _write_keys(db: str, rows: dict[str, Any], latest: dict[str, Record], grace: timedelta) -> None:
+    """Set each key's row from its latest record (unless a later change reached the row
+    first), in one statement; ``recheck_at`` is when the recheck compares it with Redis."""
+    from django_debounce.models import DebounceKey, DebounceRun
+
+    keys = []
+    for key_hash, r in latest.items():
+        row = rows[key_hash]
+        at = _dt(r.at)
+        if row.updated_at is not None and at is not None and row.updated_at > at:
+            continue  # a later change reached the row first
+        row.state = (
+            DebounceKey.State.RUNNING
+            if r.running_until
+            else DebounceKey.State.PENDING
+            if r.pending
+            else DebounceKey.State.IDLE
+        )
+        row.pending = r.pending
+        row.flight_id = r.flight_id
+        row.first_trigger_at = _dt(r.first)
+        row.last_trigger_at = _dt(r.last) or _dt(r.first)
+        row.due_at = _dt(r.due)
+        row.run_id = r.run_id
+        row.running_until = _dt(r.running_until)
+        row.triggers = r.triggers
+        row.runs = r.runs
+        row.merged = r.merged
+        row.cancelled = r.cancelled
+        row.last_run_at = _dt(r.last_run)
+        if r.kind == "f":
+            row.last_outcome = r.extra.partition("|")[0]
+        elif r.kind == "l":
+            row.last_outcome = DebounceRun.Outcome.LOST
+        row.store = "redis"
+        row.updated_at = at
+        attention = row.running_until if row.running_until else row.due_at if r.pending else None
+        row.recheck_at = attention + grace if attention is not None else None
+        keys.append(row)
+    if keys:
+        DebounceKey.objects.using(db).bulk_update(keys, _KEY_FIELDS)
 
 
 class Recorder:

@@ -146,6 +146,43 @@ def summarize(
         delay = Case(When(counted, then=F("delay")), output_field=FloatField())
         for fraction in FRACTIONS:
             aggregates[f"p{int(fraction * 100)}"] = PercentileCont(delay, fraction)
+    summaries = _per_task(runs, alias, aggregates)
+    summaries.sort(key=lambda s: (-s.triggers, -s.active_keys, s.task_name))
+    pages = max(math.ceil(len(summaries) / per_page), 1)
+    page = min(max(page, 1), pages)
+    shown = summaries[(page - 1) * per_page : page * per_page]
+    if method != "sql":  # query 2
+        _fill_percentiles(shown, method, runs.filter(counted), alias, since, until)
+    n_buckets = int(length / width)
+    starts = [since + width * i for i in range(n_buckets)]
+    totals = TaskSummary(
+        task_name="",
+        runs=sum(s.runs for s in summaries),
+        triggers=sum(s.triggers for s in summaries),
+        failures=sum(s.failures for s in summaries),
+        retried=sum(s.retried for s in summaries),
+        lost=sum(s.lost for s in summaries),
+        active_keys=sum(s.active_keys for s in summaries),
+    )
+    _fill_buckets(totals, shown, runs.filter(counted), alias, vendor, starts, width)  # query 3
+    return Summary(
+        period=period,
+        since=since,
+        until=until,
+        bucket_width=width,
+        bucket_starts=starts,
+        tasks=shown,
+        totals=totals,
+        page=page,
+        pages=pages,
+        task_count=len(summaries),
+        percentile_method=method,
+    )
+
+
+def _per_task(runs: Any, alias: str, aggregates: dict[str, Any]) -> list[TaskSummary]:
+    """One ``TaskSummary`` per task with runs in the period or keys pending or running now
+    (queries 1 and 4), unsorted."""
     per_task = {
         row["task_name"]: row
         for row in runs.order_by().values("task_name").annotate(**aggregates)  # query 1
@@ -174,37 +211,47 @@ def summarize(
                 p95_delay=row.get("p95"),
             )
         )
-    summaries.sort(key=lambda s: (-s.triggers, -s.active_keys, s.task_name))
-    pages = max(math.ceil(len(summaries) / per_page), 1)
-    page = min(max(page, 1), pages)
-    shown = summaries[(page - 1) * per_page : page * per_page]
+    return summaries
+
+
+def _fill_percentiles(
+    shown: list[TaskSummary],
+    method: str,
+    counted_runs: Any,
+    alias: str,
+    since: datetime,
+    until: datetime,
+) -> None:
+    """Set the median and 95th percentile delay of the ``shown`` tasks by ``method``
+    (``"window"`` or ``"offset"``; ``"sql"`` computed them in query 1)."""
     counts = {s.task_name: s.runs for s in shown}
-    found: dict[str, dict[float, float]] = {}
-    if method == "window":  # query 2
-        found = window_percentiles(runs.filter(counted), alias, counts, FRACTIONS)
-    elif method == "offset":
+    if method == "window":
+        found = window_percentiles(counted_runs, alias, counts, FRACTIONS)
+    else:
         found = offset_percentiles(alias, since, until, counts, FRACTIONS)
-    for s in shown if method != "sql" else ():
+    for s in shown:
         s.median_delay = found.get(s.task_name, {}).get(0.5)
         s.p95_delay = found.get(s.task_name, {}).get(0.95)
 
-    n_buckets = int(length / width)
-    starts = [since + width * i for i in range(n_buckets)]
-    totals = TaskSummary(
-        task_name="",
-        runs=sum(s.runs for s in summaries),
-        triggers=sum(s.triggers for s in summaries),
-        failures=sum(s.failures for s in summaries),
-        retried=sum(s.retried for s in summaries),
-        lost=sum(s.lost for s in summaries),
-        active_keys=sum(s.active_keys for s in summaries),
-        bucket_triggers=[0] * n_buckets,
-        bucket_runs=[0] * n_buckets,
-    )
+
+def _fill_buckets(
+    totals: TaskSummary,
+    shown: list[TaskSummary],
+    counted_runs: Any,
+    alias: str,
+    vendor: str,
+    starts: list[datetime],
+    width: Any,
+) -> None:
+    """Triggers and runs per time bucket, of all tasks (``totals``) and of each ``shown``
+    task (query 3; two statements on SQLite; none on a database without a bucket function,
+    which then has no charts)."""
+    n_buckets = len(starts)
+    totals.bucket_triggers, totals.bucket_runs = [0] * n_buckets, [0] * n_buckets
     by_name = {s.task_name: s for s in shown}
     for s in shown:
         s.bucket_triggers, s.bucket_runs = [0] * n_buckets, [0] * n_buckets
-    if vendor == "sqlite":  # query 3, in two statements
+    if vendor == "sqlite":
         all_tasks, per_task_buckets = sqlite_bucket_counts(alias, starts, width, list(by_name))
         for b, (n_runs, n_triggers) in enumerate(all_tasks):
             totals.bucket_runs[b], totals.bucket_triggers[b] = n_runs, n_triggers
@@ -212,39 +259,24 @@ def summarize(
             for b, (n_runs, n_triggers) in enumerate(counts_per_bucket):
                 by_name[name].bucket_runs[b] = n_runs
                 by_name[name].bucket_triggers[b] = n_triggers
-    else:
-        try:
-            buckets = list(  # query 3
-                runs.filter(counted)
-                .order_by()
-                .annotate(
-                    b=Bucket("started_at", int(since.timestamp()), int(width.total_seconds()))
-                )
-                .values("task_name", "b")
-                .annotate(n_runs=Count("started_at"), n_triggers=Sum("triggers"))
-                .values_list("task_name", "b", "n_runs", "n_triggers")
-            )
-        except NotImplementedError:  # another database: no charts
-            buckets = []
-        for name, b, n_runs, n_triggers in buckets:
-            b = int(b)
-            if not 0 <= b < n_buckets:
-                continue
-            totals.bucket_runs[b] += n_runs
-            totals.bucket_triggers[b] += n_triggers or 0
-            if name in by_name:
-                by_name[name].bucket_runs[b] += n_runs
-                by_name[name].bucket_triggers[b] += n_triggers or 0
-    return Summary(
-        period=period,
-        since=since,
-        until=until,
-        bucket_width=width,
-        bucket_starts=starts,
-        tasks=shown,
-        totals=totals,
-        page=page,
-        pages=pages,
-        task_count=len(summaries),
-        percentile_method=method,
-    )
+        return
+    since = starts[0]
+    try:
+        buckets = list(
+            counted_runs.order_by()
+            .annotate(b=Bucket("started_at", int(since.timestamp()), int(width.total_seconds())))
+            .values("task_name", "b")
+            .annotate(n_runs=Count("started_at"), n_triggers=Sum("triggers"))
+            .values_list("task_name", "b", "n_runs", "n_triggers")
+        )
+    except NotImplementedError:  # another database: no charts
+        buckets = []
+    for name, b, n_runs, n_triggers in buckets:
+        b = int(b)
+        if not 0 <= b < n_buckets:
+            continue
+        totals.bucket_runs[b] += n_runs
+        totals.bucket_triggers[b] += n_triggers or 0
+        if name in by_name:
+            by_name[name].bucket_runs[b] += n_runs
+            by_name[name].bucket_triggers[b] += n_triggers or 0
