@@ -208,7 +208,7 @@ def _runs_of(
     from django_debounce.models import DebounceRun
 
     latest: dict[str, Record] = {}
-    new_runs: dict[tuple[int, int], DebounceRun] = {}
+    new_runs: dict[tuple[int, int], Any] = {}  # DebounceRun rows
     ended: dict[tuple[int, int], _End] = {}
     for r in records:
         row = rows.get(r.key_hash)

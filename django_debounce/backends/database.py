@@ -182,6 +182,10 @@ class _Key:
     run_payload: Any
     run_first: int | None
     run_anchor: int | None
+    bound: int | None
+    run_bound: int | None
+    attempted: int
+    run_attempted: int
     run_attempt: int
     last_run_at: int | None
     triggers: int
@@ -1109,12 +1113,12 @@ class DatabaseBackend(BaseBackend):
             self._begin(conn, sql, cursor)
             w = Writes()
             for i in order:
-                run: LiveRun = runs[i]
-                k, at = self._load(cursor, sql, run.key_hash, run.options, now)
+                live: LiveRun = runs[i]
+                k, at = self._load(cursor, sql, live.key_hash, live.options, now)
                 results[i] = None
                 if k is None or k.store != "database":
                     continue
-                until = k.extend(at, run.seq, int(round(run.lease * US)))
+                until = k.extend(at, live.seq, int(round(live.lease * US)))
                 if until is None:
                     continue
                 results[i] = (until - at) / US

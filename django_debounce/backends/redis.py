@@ -361,8 +361,8 @@ class RedisBackend(BaseBackend):
                 [_now(now), *head, payload_json, *tail, short_key(key, task_name), seed],
             )
         if isinstance(out, (bytes, str)):  # merged: "flight pending due", nothing to publish
-            flight, pending, due = out.split()
-            return TriggerResult(key, int(flight), int(pending), _dt(due), False), None
+            f_text, p_text, d_text = out.split()
+            return TriggerResult(key, int(f_text), int(p_text), _dt(d_text), False), None
         reply = dict(zip(TRIGGER_REPLY, out, strict=True))
         seq = int(reply["seq"])
         dispatch = (
@@ -446,9 +446,9 @@ class RedisBackend(BaseBackend):
                 results.append(None)
                 continue
             if isinstance(out, (bytes, str)):
-                flight, pending, due = _s(out).split()
+                f_text, p_text, d_text = _s(out).split()
                 results.append(
-                    (TriggerResult(key, int(flight), int(pending), _dt(due), False), None)
+                    (TriggerResult(key, int(f_text), int(p_text), _dt(d_text), False), None)
                 )
                 continue
             reply = dict(zip(TRIGGER_REPLY, out, strict=True))
@@ -629,7 +629,11 @@ class RedisBackend(BaseBackend):
         scores = [int(v) for v in values if v is not None]
         if not scores:
             return None
-        at = _us(now) if now is not None else int(clock[0]) * US + int(clock[1])
+        if now is not None:
+            at = _us(now)
+        else:
+            assert clock is not None
+            at = int(clock[0]) * US + int(clock[1])
         return (min(scores) - at) / US
 
     def _due_shards(self, names: list[str], now: datetime | None) -> list[int]:
