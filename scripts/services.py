@@ -9,6 +9,7 @@ Stdlib only: it runs under the system python3 before any virtualenv exists.
 Both servers listen on 127.0.0.1 only, on free ports, and keep all their
 state under DIR. Missing Debian packages are installed with apt-get.
 """
+
 import argparse
 import json
 import os
@@ -46,8 +47,9 @@ def run(cmd, as_postgres=False, check=True, **kw):
         cmd = ["runuser", "-u", "postgres", "--"] + cmd
     proc = subprocess.run(cmd, cwd="/", text=True, capture_output=True, **kw)
     if check and proc.returncode != 0:
-        raise ServiceError(f"{' '.join(cmd)} failed ({proc.returncode}):\n"
-                           f"{proc.stdout}{proc.stderr}".rstrip())
+        raise ServiceError(
+            f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout}{proc.stderr}".rstrip()
+        )
     return proc
 
 
@@ -137,10 +139,27 @@ def tail(path, lines=20):
 
 def start_redis(d, port):
     """Start a non-persistent, daemonized redis-server on 127.0.0.1:port."""
-    run(["redis-server", "--port", str(port), "--bind", "127.0.0.1",
-         "--save", "", "--appendonly", "no", "--daemonize", "yes", "--dir", d,
-         "--pidfile", os.path.join(d, "redis.pid"),
-         "--logfile", os.path.join(d, "redis.log")])
+    run(
+        [
+            "redis-server",
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--daemonize",
+            "yes",
+            "--dir",
+            d,
+            "--pidfile",
+            os.path.join(d, "redis.pid"),
+            "--logfile",
+            os.path.join(d, "redis.log"),
+        ]
+    )
     try:
         wait_for("redis", lambda: redis_command(port, "PING") == "+PONG", 30)
     except ServiceError as exc:
@@ -176,13 +195,31 @@ def start_postgres(d, port):
         wait_for("postgres", lambda: run(ready, check=False).returncode == 0, 60)
     except ServiceError as exc:
         raise ServiceError(f"{exc}\n{tail(logfile)}") from None
-    run([f"{PG_BIN}/psql", "-X", "-q", "-h", "127.0.0.1", "-p", str(port), "-U", "postgres",
-         "-d", "postgres", "-v", "ON_ERROR_STOP=1", "-c", "CREATE DATABASE debounce"])
+    run(
+        [
+            f"{PG_BIN}/psql",
+            "-X",
+            "-q",
+            "-h",
+            "127.0.0.1",
+            "-p",
+            str(port),
+            "-U",
+            "postgres",
+            "-d",
+            "postgres",
+            "-v",
+            "ON_ERROR_STOP=1",
+            "-c",
+            "CREATE DATABASE debounce",
+        ]
+    )
 
 
 def pg_ids():
     """Return (uid, gid) of the postgres OS user."""
     import pwd
+
     try:
         entry = pwd.getpwnam("postgres")
     except KeyError:
@@ -215,8 +252,11 @@ def stop_all(d):
                 pass
     data = os.path.join(d, "pg")
     if os.path.exists(os.path.join(data, "postmaster.pid")):
-        proc = run([f"{PG_BIN}/pg_ctl", "-D", data, "-m", "immediate", "-w", "stop"],
-                   as_postgres=True, check=False)
+        proc = run(
+            [f"{PG_BIN}/pg_ctl", "-D", data, "-m", "immediate", "-w", "stop"],
+            as_postgres=True,
+            check=False,
+        )
         if proc.returncode:
             log(f"pg_ctl stop: {proc.stderr.strip() or proc.stdout.strip()}")
 
@@ -251,8 +291,10 @@ def up(d):
         print(f"services.py up: ERROR: {exc}", file=sys.stderr)
         stop_all(d)
         return 1
-    lines = (f"export DEBOUNCE_TEST_REDIS_URL=redis://127.0.0.1:{redis_port}/0\n"
-             f"export DEBOUNCE_TEST_POSTGRES_URL=postgres://postgres@127.0.0.1:{pg_port}/debounce\n")
+    lines = (
+        f"export DEBOUNCE_TEST_REDIS_URL=redis://127.0.0.1:{redis_port}/0\n"
+        f"export DEBOUNCE_TEST_POSTGRES_URL=postgres://postgres@127.0.0.1:{pg_port}/debounce\n"
+    )
     with open(os.path.join(d, "env.sh"), "w") as fh:
         fh.write(lines)
     sys.stdout.write(lines)

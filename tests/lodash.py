@@ -32,8 +32,7 @@ import hashlib
 import heapq
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
-from datetime import timezone as dt_timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django_debounce.keys import dumps
@@ -42,7 +41,7 @@ from django_debounce.state import Dispatch, Finish, FireAction, FlightOptions
 Step = tuple[float, str, Any]
 US = 1000  # microseconds of the fake store clock per lodash millisecond
 LEASE = 3600.0  # seconds: no lease runs out during a case
-EPOCH = datetime(1970, 1, 1, tzinfo=dt_timezone.utc)
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import time
+from datetime import UTC
 from typing import Any
 
 
@@ -71,14 +72,14 @@ def _take_child(
     import django
 
     django.setup()
-    from datetime import datetime, timedelta, timezone
+    from datetime import datetime, timedelta
 
     from django_debounce.backends import get_backend
     from django_debounce.state import FlightOptions
 
     store = get_backend(backend)
     options = {name: FlightOptions(**fields) for name, fields in tasks.items()}
-    now = datetime(1970, 1, 1, tzinfo=timezone.utc) + timedelta(microseconds=now_us)
+    now = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=now_us)
     taken: list[tuple[str, int]] = []
     errors: list[str] = []
     barrier.wait(timeout=60)
