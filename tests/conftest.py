@@ -83,14 +83,14 @@ class Worker:
     def start(self) -> None:
         # The worker runs the auto store, which routes every message to the store that
         # issued it, so one worker serves tests of every store.
-        env = dict(
-            os.environ,
-            DEBOUNCE_TEST_WORKER="1",
-            DJANGO_SETTINGS_MODULE="tests.settings",
-            PYTHONPATH=str(ROOT),
-            DEBOUNCE_TEST_BACKEND="auto",
-            **self.env,
-        )
+        env = {
+            **os.environ,
+            "DEBOUNCE_TEST_WORKER": "1",
+            "DJANGO_SETTINGS_MODULE": "tests.settings",
+            "PYTHONPATH": str(ROOT),
+            "DEBOUNCE_TEST_BACKEND": "auto",
+            **self.env,  # a test's worker may override any of these
+        }
         self._out = open(self.log, "ab")  # noqa: SIM115
         self.proc = subprocess.Popen(
             [
