@@ -140,7 +140,13 @@ def test_a_model_save_with_the_broker_down_is_not_lost(worker, store, atomic, un
                 == 2
             ),
             duration=1.0,
-        ), f"{receiver}: each of the two triggers in exactly one run"
+        ), f"{receiver}: each of the two triggers in exactly one run: " + repr(
+            list(
+                RunLog.objects.filter(task=receiver, payload__pk=item.pk).values_list(
+                    "triggers", "flight_id", "run_id", "started", "pid"
+                )
+            )
+        )
         flights = list(
             RunLog.objects.filter(task=receiver, payload__pk=item.pk).values_list(
                 "flight_id", flat=True
