@@ -70,14 +70,20 @@ class Worker:
     """A real ``celery worker`` (prefork) subprocess running the test app's tasks."""
 
     def __init__(
-        self, concurrency: int = 4, queue: str = "debounce-tests", env: dict[str, str] | None = None
+        self,
+        concurrency: int = 4,
+        queue: str = "debounce-tests",
+        env: dict[str, str] | None = None,
+        name: str | None = None,
     ) -> None:
         self.concurrency = concurrency
         self.queue = queue
         self.env = env or {}
+        self.name = name or queue  # the node name's first part (distinct for several workers)
         self.proc: subprocess.Popen[bytes] | None = None
         self.log = (
-            Path(os.environ.get("TMPDIR", "/tmp")) / f"debounce-worker-{queue}-{os.getpid()}.log"
+            Path(os.environ.get("TMPDIR", "/tmp"))
+            / f"debounce-worker-{self.name}-{os.getpid()}.log"
         )
 
     def start(self) -> None:
@@ -92,6 +98,7 @@ class Worker:
             **self.env,  # a test's worker may override any of these
         }
         self._out = open(self.log, "ab")  # noqa: SIM115
+        self._offset = self._out.tell()  # "ready." of this start, not of an earlier one
         self.proc = subprocess.Popen(
             [
                 sys.executable,
@@ -112,7 +119,7 @@ class Worker:
                 "-Q",
                 self.queue,
                 "--hostname",
-                f"{self.queue}-{os.getpid()}@localhost",
+                f"{self.name}-{os.getpid()}@localhost",
             ],
             cwd=ROOT,
             env=env,
@@ -129,7 +136,7 @@ class Worker:
                 f"Celery worker exited with {self.proc.returncode}; see {self.log}:\n"
                 + self.log.read_text()[-3000:]
             )
-        return b"ready." in self.log.read_bytes()
+        return b"ready." in self.log.read_bytes()[self._offset :]
 
     def kill(self) -> None:
         """SIGKILL the worker and its pool processes: runs in progress die mid-body."""
