@@ -53,10 +53,24 @@ def stays(predicate: Callable[[], Any], *, duration: float, interval: float = 0.
     return bool(predicate())
 
 
+def flush_redis() -> None:
+    """Empty the Redis of the cache alias and, in the Redis Cluster run
+    (``DEBOUNCE_REDIS_CLUSTER``), every master of the cluster."""
+    redis.Redis.from_url(settings.CACHES["default"]["LOCATION"]).flushdb()
+    nodes = getattr(settings, "DEBOUNCE_REDIS_CLUSTER", None)
+    if nodes:
+        for node in nodes:
+            host, _, port = node.rpartition(":")
+            client = redis.Redis(host=host or "127.0.0.1", port=int(port))
+            if client.info("replication").get("role") == "master":
+                client.flushall()
+            client.close()
+
+
 @pytest.fixture(autouse=True)
 def clean_redis_state() -> None:
     """Every test starts with an empty debounce state in Redis (the tables are flushed too)."""
-    redis.Redis.from_url(settings.CACHES["default"]["LOCATION"]).flushdb()
+    flush_redis()
 
 
 @pytest.fixture(scope="session")

@@ -39,7 +39,6 @@ from datetime import timezone as dt_timezone
 from typing import Any
 
 import pytest
-from django.conf import settings as django_settings
 from django.test import override_settings
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
@@ -183,9 +182,9 @@ class Running:
 
 
 def clean() -> None:
-    import redis
+    from tests.conftest import flush_redis
 
-    redis.Redis.from_url(django_settings.CACHES["default"]["LOCATION"]).flushdb()
+    flush_redis()  # every node of a Redis Cluster in the cluster run
     DebounceRun.objects.all().delete()
     DebounceKey.objects.all().delete()
     from django_debounce.models import DebounceDue
