@@ -1,6 +1,7 @@
 """End-to-end smoke test of the Redis store with a real worker, run in every leg of
-``scripts/test``: on the plain Redis, and in the Redis Cluster run (``DEBOUNCE_TEST_STORE_CLUSTER=1``:
-the store on a 3-master cluster from ``scripts/services.py``; the broker stays plain Redis).
+``scripts/test``: on the plain Redis, and in the Redis Cluster run
+(``DEBOUNCE_TEST_STORE_CLUSTER=1``: the store on a 3-master cluster from
+``scripts/services.py``; the broker stays plain Redis).
 Triggers merge, flights wait in the due index spread over the cluster's nodes, the pumps take
 them, the worker runs them, the recorder drains the per-shard records of every node, and a
 flight whose hash was lost is rebuilt by the recheck."""
@@ -69,9 +70,11 @@ def test_a_worker_runs_the_redis_store_end_to_end(
     assert stays(lambda: RunLog.objects.filter(task=record.name).count() == len(tags), duration=1)
     # the recorder drained every node's records into the durable record
     wait_for(
-        lambda: DebounceRun.objects.filter(task_name=record.name, outcome="success").count()
-        == len(tags)
-        and DebounceKey.objects.filter(task_name=record.name, state="idle").count() == len(tags),
+        lambda: (
+            DebounceRun.objects.filter(task_name=record.name, outcome="success").count()
+            == len(tags)
+            and DebounceKey.objects.filter(task_name=record.name, state="idle").count() == len(tags)
+        ),
         timeout=20,
         message="the records of the runs",
     )

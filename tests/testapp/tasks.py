@@ -285,15 +285,19 @@ def hosts(tag: str, sleep: float = 0.0, *, debounce: RunInfo) -> None:
     _body("testapp.hosts", tag, sleep, debounce)
 
 
-@debounced_task(wait=0, name="testapp.gil_holder", lease=1.5, key=lambda tag, n: tag)
-def gil_holder(tag: str, n: int, *, debounce: RunInfo) -> None:
-    """Holds the GIL for the whole body: ``sum(range(n))`` runs in C without releasing it,
-    for longer than its lease (the lease keeper in the main process must keep it alive)."""
+@debounced_task(wait=0, name="testapp.gil_holder", lease=1.5, key=lambda tag, seconds: tag)
+def gil_holder(tag: str, seconds: float, *, debounce: RunInfo) -> None:
+    """Holds the GIL for ``seconds``, in C calls (``sum(range(n))`` never releases it) of
+    about 1.6 s each, longer than its lease: the lease keeper in the main process must keep
+    the lease alive."""
     log = _log("testapp.gil_holder", tag, debounce)
-    total = sum(range(n))
+    started = time.perf_counter()
+    sum(range(1_000_000))
+    n = int(1_000_000 * 1.6 / max(time.perf_counter() - started, 1e-4))
+    while time.perf_counter() - started < seconds:
+        sum(range(n))
     log.finished = time.time()
-    log.payload = {"total": total}
-    log.save(update_fields=["finished", "payload"])
+    log.save(update_fields=["finished"])
 
 
 @debounced_task(wait=0, name="testapp.threads")
