@@ -146,11 +146,14 @@ def apply(records: list[Record]) -> None:
     records.sort(key=lambda r: r.at)
     hashes = {r.key_hash for r in records}
     with transaction.atomic(using=db):
+        # locked: a row the database store holds (it took the key over during a Redis
+        # outage and has a flight or run there) keeps its state; only its runs are recorded
         rows = {
             row.key_hash: row
             for row in DebounceKey.objects.using(db)
+            .select_for_update()
             .filter(key_hash__in=hashes)
-            .only("pk", "key_hash", "updated_at", "last_outcome")
+            .only("pk", "key_hash", "updated_at", "last_outcome", "store", "state")
         }
         missing = [h for h in hashes if h not in rows]
         if missing:
@@ -232,6 +235,8 @@ def apply(records: list[Record]) -> None:
             at = _dt(r.at)
             if row.updated_at is not None and at is not None and row.updated_at > at:
                 continue  # a later change reached the row first
+            if row.store == "database" and row.state != DebounceKey.State.IDLE:
+                continue  # the database store's flight: never overwritten from Redis
             row.state = (
                 DebounceKey.State.RUNNING
                 if r.running_until

@@ -42,7 +42,7 @@ from tests.conftest import Worker, stays, wait_for
 from tests.procs import trigger_from_processes
 from tests.servers import RedisServer, free_port
 from tests.testapp.models import RunLog
-from tests.testapp.tasks import eta, failover, flaky, record, record_slow
+from tests.testapp.tasks import batch, eta, failover, flaky, record, record_slow
 
 US = 1_000_000
 
@@ -466,6 +466,47 @@ def test_a_trigger_a_hung_redis_ran_after_the_fallback_runs_too(tmp_path, unique
     finally:
         server.proc.send_signal(signal.SIGCONT)
         server.stop()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("redis_had_the_key", [False, True], ids=["new-to-redis", "idle-in-redis"])
+def test_redis_never_takes_back_a_row_whose_flight_the_database_store_holds(
+    redis_had_the_key, unique_tag, eager
+):
+    """During an outage the database store took a key's row over and holds a flight there
+    (items 1 and 2); Redis answers again and a trigger (item 3) opens a flight in Redis: the
+    durable-record write of that opening (a seed for a key new to Redis, an upsert for one
+    Redis still holds) must not overwrite the database store's flight, nor may the recorder.
+    Both flights run: no item is lost."""
+    from django_debounce.keys import dumps
+    from django_debounce.testing import run_due
+
+    with override_settings(DEBOUNCE_BACKEND="auto"):
+        auto = get_backend()
+        item = {"tag": unique_tag, "n": 0}
+        key = batch.resolve((item,), {})[0]
+        h = key_hash(batch.name, key)
+        if redis_had_the_key:
+            batch.trigger(item)
+            assert run_due(now=later(5)) == 1  # Redis ran item 0; its hash stays, idle
+        for n in (1, 2):  # what auto does with triggers while Redis fails
+            auto.database.trigger(
+                task_name=batch.name,
+                key=key,
+                key_hash=h,
+                payload_json=dumps({"tag": unique_tag, "n": n}),
+                options=batch.flight_options(),
+            )
+        row = DebounceKey.objects.get(key_hash=h)
+        assert (row.store, row.pending) == ("database", 2)
+        batch.trigger({"tag": unique_tag, "n": 3})  # Redis answers again
+        assert auto.redis.live_state(h)["pending"] == 1
+        row = DebounceKey.objects.get(key_hash=h)
+        assert (row.store, row.state, row.pending) == ("database", "pending", 2)
+        assert run_due(now=later(10)) == 2
+        assert run_due(now=later(600)) == 0
+    runs = [r.payload for r in RunLog.objects.filter(tag=unique_tag).order_by("started")]
+    assert sorted(map(sorted, runs)) == sorted(([[0]] if redis_had_the_key else []) + [[1, 2], [3]])
 
 
 @pytest.mark.django_db(transaction=True)
