@@ -696,6 +696,23 @@ def test_a_pump_rebuilds_a_flight_whose_hash_was_deleted_and_runs_it(
         worker.stop()
 
 
+@pytest.mark.django_db(transaction=True)
+@override_settings(DEBOUNCE_BACKEND="redis", DEBOUNCE_REDIS_PREFIX=ISOLATED)
+def test_run_due_records_a_run_whose_body_raised(unique_tag, eager):
+    """``run_due`` lets a body's exception propagate after its failure or retry is recorded:
+    on the Redis store, in the durable record too (no recorder runs in this process)."""
+    from django_debounce.testing import run_due
+
+    flaky.trigger(unique_tag, 1)
+    with pytest.raises(RuntimeError, match="flaky failure 0"):
+        run_due(now=later(5))
+    run = DebounceRun.objects.get(task_name=flaky.name)
+    assert (run.store, run.outcome, run.attempt) == ("redis", "retry", 0)
+    assert "flaky failure 0" in run.error
+    assert run_due(now=later(10)) == 1  # the retry, after its backoff (1 s)
+    assert sorted(DebounceRun.objects.values_list("outcome", flat=True)) == ["retry", "success"]
+
+
 # -- the recorder ------------------------------------------------------------------------------
 
 
