@@ -11,6 +11,7 @@ real worker processes; nothing is mocked.
 from __future__ import annotations
 
 import copy
+import json
 import signal
 import time
 from datetime import timedelta
@@ -297,10 +298,62 @@ def test_redis_url_gives_the_store_a_redis_of_its_own(backend_name, tmp_path, un
 def test_twenty_processes_trigger_one_key(worker, unique_tag):
     errors = trigger_from_processes("record_slow", [[[unique_tag]] * 5 for _ in range(20)])
     assert errors == []
-    live = get_backend().live_state(hashed(record_slow, unique_tag))
-    assert (live["pending"], live["triggers"], live["flight_id"]) == (100, 100, 1)
-    assert DebounceKey.objects.filter(task_name="testapp.record_slow").count() == 1
+    h = hashed(record_slow, unique_tag)
+    live = get_backend().live_state(h)
+    assert (live["pending"], live["triggers"], live["flight_id"]) == (100, 100, 1)  # I6
+    row = DebounceKey.objects.get(key_hash=h)
+    assert row.flight_id == 1  # one row, one flight (merged triggers never write it on Redis)
     assert record_slow.cancel(unique_tag) == 100
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("task", [record_slow, batch], ids=["payload", "collect"])
+@override_settings(DEBOUNCE_BACKEND="redis", DEBOUNCE_REDIS_PREFIX=ISOLATED)
+def test_two_triggers_of_a_key_new_to_redis_racing_are_counted_once_each(task, unique_tag):
+    """Two triggers of a key new to Redis, interleaved as processes can: both are told to read
+    the durable record (the hash is missing); A's upsert opens the record, B's finds it
+    pending and takes it for a flight whose Redis state was lost (A's trigger); B makes the
+    hash first, with that flight. A's own call must then not count A's trigger again (I6);
+    in collect mode its item still joins the batch."""
+    from django_debounce.backends import record as durable
+    from django_debounce.backends.redis import short_key
+    from django_debounce.keys import dumps
+
+    backend = get_backend()
+    opts = task.flight_options()
+    item = {"tag": unique_tag, "n": 1} if opts.collect else unique_tag
+    key = task.resolve((item,), {})[0]
+    h = key_hash(task.name, key)
+    rkey = backend.state_key(h)
+    head = backend._head(h, task.name, opts)
+    tail = [int(opts.wait * US), -1, 0, opts.collect_limit or 0]
+    payloads = {
+        "A": dumps({"tag": unique_tag, "n": 1} if opts.collect else [unique_tag]),
+        "B": dumps({"tag": unique_tag, "n": 2} if opts.collect else [unique_tag]),
+    }
+
+    def call(who: str, seed: str) -> object:
+        return backend._run(
+            "trigger", rkey, [0, *head, payloads[who], *tail, short_key(key, task.name), seed]
+        )
+
+    assert backend._run("trigger", rkey, [0, *head, payloads["A"], *tail, "", ""]) == [b"seed"]
+    assert backend._run("trigger", rkey, [0, *head, payloads["B"], *tail, "", ""]) == [b"seed"]
+    seeds = {
+        who: durable.seed(h, key, task.name, None if opts.collect else payloads[who], opts.wait)
+        for who in ("A", "B")
+    }
+    assert seeds["B"].split(",")[6] == "1"  # B sees A's trigger as a lost flight
+    call("B", seeds["B"])  # B makes the hash, with A's trigger in it
+    call("A", seeds["A"])  # A's own call: counted already
+    live = backend.live_state(h)
+    assert (live["pending"], live["triggers"], live["flight_id"]) == (2, 2, 1)
+    if opts.collect:
+        items = backend.client.zrange(rkey + ":c", 0, -1)
+        assert sorted(json.loads(i)["n"] for i in items) == [1, 2]
+    # a third trigger, after the race, is counted as usual
+    task.trigger(item)
+    assert backend.live_state(h)["pending"] == 3
 
 
 @pytest.mark.worker
