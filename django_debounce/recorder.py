@@ -181,9 +181,14 @@ def _rows_of(db: str, records: list[Record]) -> dict[str, Any]:
     from django_debounce.models import DebounceKey
 
     hashes = {r.key_hash for r in records}
-    fields = ("pk", "key_hash", "updated_at", "last_outcome")
+    fields = ("pk", "key_hash", "updated_at", "last_outcome", "store", "state")
     keys = DebounceKey.objects.using(db)
-    rows = {row.key_hash: row for row in keys.filter(key_hash__in=hashes).only(*fields)}
+    # locked: a row the database store holds (it took the key over during a Redis outage and
+    # has a flight or run there) keeps its state; only its runs are recorded (_write_keys)
+    rows = {
+        row.key_hash: row
+        for row in keys.select_for_update().filter(key_hash__in=hashes).only(*fields)
+    }
     missing = [h for h in hashes if h not in rows]
     if missing:
         firsts = {r.key_hash: r for r in reversed(records)}
@@ -314,6 +319,8 @@ def _write_keys(db: str, rows: dict[str, Any], latest: dict[str, Record], grace:
         at = _dt(r.at)
         if row.updated_at is not None and at is not None and row.updated_at > at:
             continue  # a later change reached the row first
+        if row.store == "database" and row.state != DebounceKey.State.IDLE:
+            continue  # the database store's flight: never overwritten from Redis
         row.state = (
             DebounceKey.State.RUNNING
             if r.running_until

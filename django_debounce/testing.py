@@ -24,6 +24,7 @@ def run_due(now: datetime | None = None, *, backend: str | None = None) -> int:
     passed yet. Returns how many runs executed. A body's exception propagates at once (after
     its failure or retry is recorded); flights not yet run stay due for the next call.
     """
+    from django_debounce.recorder import drain_all
     from django_debounce.tasks import registered_debounced_tasks
 
     store = get_backend(backend)
@@ -49,8 +50,6 @@ def run_due(now: datetime | None = None, *, backend: str | None = None) -> int:
     finally:
         # No recorder runs in this process: the durable records of Redis keys are written
         # now, those of a run whose body raised included.
-        from django_debounce.recorder import drain_all
-
         drain_all()
     return count
 

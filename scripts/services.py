@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
-"""Start and stop throwaway Redis and PostgreSQL 15 servers for the test suite.
+"""Start and stop throwaway Redis, Redis Cluster and PostgreSQL 15 servers for the test suite.
 
-    python3 scripts/services.py up --dir DIR    # start both, write DIR/env.sh
+    python3 scripts/services.py up --dir DIR    # start them all, write DIR/env.sh
     python3 scripts/services.py down --dir DIR  # stop both, remove DIR
     python3 scripts/services.py browser         # make sure Debian's chromium + chromedriver exist
 
 Stdlib only: it runs under the system python3 before any virtualenv exists.
-Both servers listen on 127.0.0.1 only, on free ports, and keep all their
-state under DIR. Missing Debian packages are installed with apt-get.
+Every server listens on 127.0.0.1 only, on free ports, and keeps all its
+state under DIR. The Redis Cluster has three masters and no replicas (made with
+redis-cli --cluster create); a cluster that cannot be made fails `up`.
+Missing Debian packages are installed with apt-get.
 """
 
 import argparse
@@ -166,6 +168,90 @@ def start_redis(d, port):
         raise ServiceError(f"{exc}\n{tail(os.path.join(d, 'redis.log'))}") from None
 
 
+CLUSTER_NODES = 3
+
+
+def free_cluster_port(taken):
+    """A free port for a cluster node whose bus port (port + 10000) is free too."""
+    for _ in range(200):
+        port = free_port()
+        if port in taken or port + 10000 > 65535 or port + 10000 in taken:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port + 10000))
+            except OSError:
+                continue
+        return port
+    raise ServiceError("no free port pair for a Redis Cluster node")
+
+
+def start_cluster(d, ports):
+    """Start one cluster-enabled redis-server per port (non-persistent, daemonized, each in
+    d/cluster-<port>), join them as a 3-master cluster, and wait until every node says
+    cluster_state:ok."""
+    for port in ports:
+        node = os.path.join(d, f"cluster-{port}")
+        os.makedirs(node, exist_ok=True)
+        run(
+            [
+                "redis-server",
+                "--port",
+                str(port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--daemonize",
+                "yes",
+                "--dir",
+                node,
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                "nodes.conf",
+                "--cluster-node-timeout",
+                "5000",
+                "--pidfile",
+                os.path.join(node, "redis.pid"),
+                "--logfile",
+                os.path.join(node, "redis.log"),
+            ]
+        )
+        try:
+            wait_for(
+                f"redis cluster node {port}",
+                lambda port=port: redis_command(port, "PING") == "+PONG",
+                30,
+            )
+        except ServiceError as exc:
+            raise ServiceError(f"{exc}\n{tail(os.path.join(node, 'redis.log'))}") from None
+    run(
+        [
+            "redis-cli",
+            "--cluster",
+            "create",
+            *[f"127.0.0.1:{p}" for p in ports],
+            "--cluster-replicas",
+            "0",
+            "--cluster-yes",
+        ]
+    )
+
+    def ok():
+        return all("cluster_state:ok" in cluster_info(p) for p in ports)
+
+    wait_for("the redis cluster (cluster_state:ok)", ok, 60)
+
+
+def cluster_info(port):
+    """The text of CLUSTER INFO from the node on port ('' when it does not answer)."""
+    proc = run(["redis-cli", "-p", str(port), "cluster", "info"], check=False, timeout=5)
+    return proc.stdout if proc.returncode == 0 else ""
+
+
 def start_postgres(d, port):
     """initdb a trust-auth cluster in d/pg, start it on 127.0.0.1:port, create 'debounce'."""
     data, sock_dir, logfile = (os.path.join(d, n) for n in ("pg", "pgsock", "pg.log"))
@@ -240,6 +326,8 @@ def stop_all(d):
             pid = int(fh.read().strip())
     except (OSError, ValueError):
         pid = None
+    for port in state.get("cluster_ports", []):
+        stop_redis(os.path.join(d, f"cluster-{port}", "redis.pid"), port)
     if state.get("redis_port"):
         redis_command(state["redis_port"], "SHUTDOWN NOSAVE")
     if pid:
@@ -261,6 +349,24 @@ def stop_all(d):
             log(f"pg_ctl stop: {proc.stderr.strip() or proc.stdout.strip()}")
 
 
+def stop_redis(pidfile, port):
+    """SHUTDOWN NOSAVE the redis-server on port; SIGKILL its pid if it lingers."""
+    try:
+        with open(pidfile) as fh:
+            pid = int(fh.read().strip())
+    except (OSError, ValueError):
+        pid = None
+    redis_command(port, "SHUTDOWN NOSAVE")
+    if pid:
+        try:
+            wait_for("redis shutdown", lambda: not pid_alive(pid), 5)
+        except ServiceError:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+
 def pid_alive(pid):
     """Return True if a process with this pid exists (and is not a zombie)."""
     try:
@@ -271,7 +377,7 @@ def pid_alive(pid):
 
 
 def up(d):
-    """Start both services under d and print/write the env exports."""
+    """Start the services under d and print/write the env exports."""
     d = os.path.abspath(d)
     if os.path.exists(os.path.join(d, "state.json")):
         log(f"{d} already holds services; stopping them first")
@@ -283,9 +389,19 @@ def up(d):
         pg_port = free_port()
         while pg_port == redis_port:
             pg_port = free_port()
+        cluster_ports = []
+        for _ in range(CLUSTER_NODES):
+            cluster_ports.append(
+                free_cluster_port(
+                    {redis_port, pg_port, *cluster_ports, *(p + 10000 for p in cluster_ports)}
+                )
+            )
         with open(os.path.join(d, "state.json"), "w") as fh:
-            json.dump({"redis_port": redis_port, "pg_port": pg_port}, fh)
+            json.dump(
+                {"redis_port": redis_port, "pg_port": pg_port, "cluster_ports": cluster_ports}, fh
+            )
         start_redis(d, redis_port)
+        start_cluster(d, cluster_ports)
         start_postgres(d, pg_port)
     except (ServiceError, OSError) as exc:
         print(f"services.py up: ERROR: {exc}", file=sys.stderr)
@@ -294,6 +410,9 @@ def up(d):
     lines = (
         f"export DEBOUNCE_TEST_REDIS_URL=redis://127.0.0.1:{redis_port}/0\n"
         f"export DEBOUNCE_TEST_POSTGRES_URL=postgres://postgres@127.0.0.1:{pg_port}/debounce\n"
+        "export DEBOUNCE_TEST_REDIS_CLUSTER="
+        + ",".join(f"127.0.0.1:{p}" for p in cluster_ports)
+        + "\n"
     )
     with open(os.path.join(d, "env.sh"), "w") as fh:
         fh.write(lines)
@@ -302,7 +421,7 @@ def up(d):
 
 
 def down(d):
-    """Stop both services started under d and remove d."""
+    """Stop the services started under d and remove d."""
     d = os.path.abspath(d)
     if os.path.isdir(d):
         stop_all(d)

@@ -53,10 +53,24 @@ def stays(predicate: Callable[[], Any], *, duration: float, interval: float = 0.
     return bool(predicate())
 
 
+def flush_redis() -> None:
+    """Empty the Redis of the cache alias and, in the Redis Cluster run
+    (``DEBOUNCE_REDIS_CLUSTER``), every master of the cluster."""
+    redis.Redis.from_url(settings.CACHES["default"]["LOCATION"]).flushdb()
+    nodes = getattr(settings, "DEBOUNCE_REDIS_CLUSTER", None)
+    if nodes:
+        for node in nodes:
+            host, _, port = node.rpartition(":")
+            client = redis.Redis(host=host or "127.0.0.1", port=int(port))
+            if client.info("replication").get("role") == "master":
+                client.flushall()
+            client.close()
+
+
 @pytest.fixture(autouse=True)
 def clean_redis_state() -> None:
     """Every test starts with an empty debounce state in Redis (the tables are flushed too)."""
-    redis.Redis.from_url(settings.CACHES["default"]["LOCATION"]).flushdb()
+    flush_redis()
 
 
 @pytest.fixture(scope="session")
@@ -73,27 +87,33 @@ class Worker:
     live: ClassVar[set[Worker]] = set()
 
     def __init__(
-        self, concurrency: int = 4, queue: str = "debounce-tests", env: dict[str, str] | None = None
+        self,
+        concurrency: int = 4,
+        queue: str = "debounce-tests",
+        env: dict[str, str] | None = None,
+        name: str | None = None,
     ) -> None:
         self.concurrency = concurrency
         self.queue = queue
         self.env = env or {}
+        self.name = name or queue  # the node name's first part (distinct for several workers)
         self.proc: subprocess.Popen[bytes] | None = None
         self.log = (
-            Path(os.environ.get("TMPDIR", "/tmp")) / f"debounce-worker-{queue}-{os.getpid()}.log"
+            Path(os.environ.get("TMPDIR", "/tmp"))
+            / f"debounce-worker-{self.name}-{os.getpid()}.log"
         )
 
     def start(self) -> None:
         # The worker runs the auto store, which routes every message to the store that
         # issued it, so one worker serves tests of every store.
-        env = dict(
-            os.environ,
-            DEBOUNCE_TEST_WORKER="1",
-            DJANGO_SETTINGS_MODULE="tests.settings",
-            PYTHONPATH=str(ROOT),
-            DEBOUNCE_TEST_BACKEND="auto",
-            **self.env,
-        )
+        env = {
+            **os.environ,
+            "DEBOUNCE_TEST_WORKER": "1",
+            "DJANGO_SETTINGS_MODULE": "tests.settings",
+            "PYTHONPATH": str(ROOT),
+            "DEBOUNCE_TEST_BACKEND": "auto",
+            **self.env,  # a test's worker may override any of these
+        }
         self._out = open(self.log, "ab")  # noqa: SIM115
         # The log file is shared by every start of a worker of this queue in this session:
         # only a "ready." written after this start counts (a restart must wait for its own).
@@ -118,7 +138,7 @@ class Worker:
                 "-Q",
                 self.queue,
                 "--hostname",
-                f"{self.queue}-{os.getpid()}@localhost",
+                f"{self.name}-{os.getpid()}@localhost",
             ],
             cwd=ROOT,
             env=env,
@@ -221,6 +241,11 @@ def worker(celery_worker_session: Worker, store: str, transactional_db: Any) -> 
         timeout=30,
         message="runs of this test to finish",
     )
+    # The records this test left for the recorder go with it: drained after the tables are
+    # flushed, they would make rows in the next test's tables.
+    client = redis.Redis.from_url(settings.CACHES["default"]["LOCATION"])
+    for name in list(client.scan_iter(match="*:rec", count=1000)):
+        client.delete(name)
 
 
 @pytest.fixture

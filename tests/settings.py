@@ -137,6 +137,12 @@ DEBOUNCE_DEFAULT_WAIT = 0.3
 DEBOUNCE_LEASE = 60
 # The lost-message test's worker takes a flight again after a one-second grace.
 DEBOUNCE_DISPATCH_GRACE = float(os.environ.get("DEBOUNCE_TEST_DISPATCH_GRACE", 60))
+# tests/test_worker.py starts a worker without a pump.
+DEBOUNCE_PUMP = os.environ.get("DEBOUNCE_TEST_PUMP", "1") == "1"
+# The Redis Cluster leg of scripts/test: the Redis store on a 3-master cluster (the broker and
+# the cache stay on the plain Redis).
+if os.environ.get("DEBOUNCE_TEST_STORE_CLUSTER") == "1":
+    DEBOUNCE_REDIS_CLUSTER = _need("DEBOUNCE_TEST_REDIS_CLUSTER").split(",")
 
 LOGGING = {
     "version": 1,

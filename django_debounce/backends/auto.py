@@ -21,6 +21,7 @@ from django_debounce import conf, observe
 from django_debounce.backends.base import BaseBackend, Taken, TriggerManyError
 from django_debounce.backends.database import DatabaseBackend
 from django_debounce.backends.errors import redis_unavailable
+from django_debounce.state import FireAction
 
 logger = logging.getLogger("django_debounce")
 
@@ -225,6 +226,15 @@ class AutoBackend(BaseBackend):
     # -- the worker -------------------------------------------------------------------------
 
     def fire(self, key_hash, seq, *, task_name, options, now=None, store=None):
+        if store is None and seq is None:
+            # In-process (run_due): no message names the store. A flight Redis holds runs
+            # through Redis: a row the Redis store mirrors is a record, not a flight, and
+            # the database store would run it a second time from there.
+            redis = self._usable()
+            if redis is not None:
+                decision = redis.fire(key_hash, seq, task_name=task_name, options=options, now=now)
+                if decision.action is FireAction.CLAIM or not self._database_owns(key_hash):
+                    return decision  # type: ignore[no-any-return]
         return self._store(store).fire(key_hash, seq, task_name=task_name, options=options, now=now)
 
     def finish(self, key_hash, run_id, end, *, task_name, options, now=None, store=None):

@@ -161,15 +161,23 @@ def _insert(vendor: str, table: str, rows: int) -> str:
     return f"INSERT INTO {table} ({', '.join(names)}) VALUES {', '.join([one] * rows)}"
 
 
+def _held_by_database(table: str) -> str:
+    """SQL: the row is the live state of a flight or run of the database store (which took
+    the key over during a Redis outage): the Redis store's records must not overwrite it,
+    or that flight would be lost. Once it is idle, the Redis store takes the row back."""
+    return f"({table}.store = 'database' AND {table}.state <> 'idle')"
+
+
 @cache
 def _open_sql(vendor: str, table: str, rows: int) -> str:
     """The upsert of ``rows`` opened flights: a row is brought up to date unless a later
-    change reached it first (its ``updated_at``)."""
+    change reached it first (its ``updated_at``), or the database store holds it."""
     sets = ", ".join(f"{c} = EXCLUDED.{c}" for c in _OPEN_SET)
     return (
         f"{_insert(vendor, table, rows)} "
         f"ON CONFLICT (key_hash) DO UPDATE SET {sets} "
-        f"WHERE {table}.updated_at <= EXCLUDED.updated_at"
+        f"WHERE {table}.updated_at <= EXCLUDED.updated_at "
+        f"AND NOT {_held_by_database(table)}"
     )
 
 
@@ -192,9 +200,11 @@ def _seed_sql(vendor: str, table: str, rows: int = 1) -> str:
         "updated_at = EXCLUDED.updated_at",
         "recheck_at = EXCLUDED.recheck_at",
     ]
+    # a row the database store holds is left alone (and returns nothing: see seed_many)
     return (
         f"{_insert(vendor, table, rows)} "
         f"ON CONFLICT (key_hash) DO UPDATE SET {', '.join(sets)} "
+        f"WHERE NOT {_held_by_database(table)} "
         "RETURNING key_hash, run_id, flight_id, triggers, runs, merged, cancelled, pending, "
         "first_trigger_at, due_at"
     )
@@ -280,6 +290,16 @@ def seed_many(items: list[tuple[str, str, str, str | None]], due_in: float) -> d
                     returned = cursor.fetchall()
                 for row in returned:
                     out[row[0]] = _seed_of(connection, row[1:])
+            held = [key_hash for key_hash, *_rest in items if key_hash not in out]
+            for key_hash, *counters in (
+                DebounceKey.objects.using(db)
+                .filter(key_hash__in=held)
+                .values_list(
+                    "key_hash", "run_id", "flight_id", "triggers", "runs", "merged", "cancelled"
+                )
+            ):
+                # the database store holds this key's row: Redis counts from it, no lost flight
+                out[key_hash] = ",".join(str(v) for v in counters) + ",0,0,0"
             return out
     except DatabaseError:
         logger.exception("django_debounce: could not record %d keys in the database", len(items))

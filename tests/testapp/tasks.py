@@ -310,3 +310,60 @@ def ticket_saved(sender, pk, instance, **kwargs):
 )
 def tickets_collected(sender, pks, instances, **kwargs):
     TICKETS_SEEN.append({"pks": pks, "instance_pks": [i.pk for i in instances]})
+
+
+# -- the worker's main process (tests/test_worker.py) ----------------------------------------
+
+
+@debounced_task(wait=0.2, name="testapp.hosts", lease=10, key=lambda tag, sleep=0.0: tag)
+def hosts(tag: str, sleep: float = 0.0, *, debounce: RunInfo) -> None:
+    """Runs on several workers at once (``test_worker.py``): lease 10 s."""
+    _body("testapp.hosts", tag, sleep, debounce)
+
+
+@debounced_task(wait=0, name="testapp.gil_holder", lease=1.5, key=lambda tag, seconds: tag)
+def gil_holder(tag: str, seconds: float, *, debounce: RunInfo) -> None:
+    """Holds the GIL for ``seconds``, in C calls (``sum(range(n))`` never releases it) of
+    about 1.6 s each, longer than its lease: the lease keeper in the main process must keep
+    the lease alive."""
+    log = _log("testapp.gil_holder", tag, debounce)
+    started = time.perf_counter()
+    sum(range(1_000_000))
+    n = int(1_000_000 * 1.6 / max(time.perf_counter() - started, 1e-4))
+    while time.perf_counter() - started < seconds:
+        sum(range(n))
+    log.finished = time.time()
+    log.save(update_fields=["finished"])
+
+
+@debounced_task(wait=0, name="testapp.threads")
+def threads(tag: str, *, debounce: RunInfo) -> None:
+    """Reports the threads of the pool process that runs it."""
+    import threading
+
+    _body(
+        "testapp.threads",
+        tag,
+        0,
+        debounce,
+        payload={"threads": [t.name for t in threading.enumerate()], "ppid": os.getppid()},
+    )
+
+
+def _register_threads_command() -> None:
+    """``test_threads``: a remote control command answered by a worker's main process, in
+    the consumer's thread: its pid, that thread's name and every thread's name."""
+    from celery.worker.control import inspect_command
+
+    @inspect_command(name="test_threads")
+    def test_threads(state, **kwargs):
+        import threading
+
+        return {
+            "pid": os.getpid(),
+            "current": threading.current_thread().name,
+            "threads": [t.name for t in threading.enumerate()],
+        }
+
+
+_register_threads_command()

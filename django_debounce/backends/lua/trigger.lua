@@ -19,7 +19,7 @@ end
 -- Hot path: a trigger that only joins an open flight (no lost lease to recover, not
 -- collecting) reads nine fields, writes five, and replies with one status line of three
 -- numbers. It moves the due time later only, so the index entry stays (see common.lua).
-if ARGV[12] == '0' then
+if ARGV[12] == '0' and ARGV[14] == '' then
   local m = redis.call('HMGET', h, 'p', 'ru', 'f', 'T', 'd', 'ft', 'an', 'df', 'nb', 'bd')
   local p = tonumber(m[1]) or 0
   local ru = tonumber(m[2]) or 0
@@ -59,6 +59,22 @@ end
 local c = single_ctx()
 local fresh = redis.call('EXISTS', h) == 0
 if fresh and ARGV[14] == '' then return {'seed'} end
+if not fresh and ARGV[14] ~= '' then
+  -- Triggers of a key new to Redis race: each read the durable record, and one made the
+  -- hash first. When that one took the record's flight as lost, the flight it rebuilt
+  -- counted every trigger the record had counted before it (field 'sT'), this one too if it
+  -- is among them: it must not be counted twice (I6). Its collected item still joins.
+  local before = tonumber(string.match(ARGV[14], '^[^,]*,[^,]*,([^,]*)'))
+  local through = tonumber(redis.call('HGET', h, 'sT') or '-1')
+  if before < through then
+    if tonumber(ARGV[12]) > 0 then
+      local cs = redis.call('HINCRBY', h, 'cs', 1)
+      redis.call('ZADD', c.items, 'NX', cs, ARGV[8])
+    end
+    local m = redis.call('HMGET', h, 'f', 'p', 'd')
+    return {ok = (m[1] or '0') .. ' ' .. (m[2] or '0') .. ' ' .. (m[3] or '0')}
+  end
+end
 local s, o = load_state(h)
 local extra = {}
 if fresh then
@@ -73,6 +89,11 @@ if fresh then
     s.d = seed[9] > 0 and seed[9] or now
   end
   if ARGV[13] ~= '' then extra = {'k', ARGV[13]} end
+  if (seed[7] or 0) > 0 then
+    -- the record's triggers before this one are in the rebuilt flight (see above)
+    extra[#extra + 1] = 'sT'
+    extra[#extra + 1] = fmt(seed[3])
+  end
 end
 local wait = tonumber(ARGV[9])
 local max_wait = tonumber(ARGV[10])
