@@ -159,7 +159,11 @@ def apply(records: list[Record]) -> None:
 
     The records of one key are applied in the order its scripts made them (one shard's list),
     not by their times: a step given ``now=`` (``run_due`` claims at a time of its own, the
-    finish after it takes the store's clock) may record a time earlier than the step before."""
+    finish after it takes the store's clock) may record a time earlier than the step before.
+
+    A row that the database store holds with a flight or a run of its own (the ``auto``
+    store fell back to it while Redis failed) keeps that state: the records of the key's
+    Redis flights still write their runs, and take the row back once it is idle."""
     from django_debounce.backends.record import alias
     from django_debounce.models import DebounceKey, DebounceRun
 
@@ -173,7 +177,7 @@ def apply(records: list[Record]) -> None:
             row.key_hash: row
             for row in DebounceKey.objects.using(db)
             .filter(key_hash__in=hashes)
-            .only("pk", "key_hash", "updated_at", "last_outcome")
+            .only("pk", "key_hash", "updated_at", "last_outcome", "store", "state")
         }
         missing = [h for h in hashes if h not in rows]
         if missing:
@@ -188,7 +192,7 @@ def apply(records: list[Record]) -> None:
             for row in (
                 DebounceKey.objects.using(db)
                 .filter(key_hash__in=missing)
-                .only("pk", "key_hash", "updated_at", "last_outcome")
+                .only("pk", "key_hash", "updated_at", "last_outcome", "store", "state")
             ):
                 rows[row.key_hash] = row
         latest: dict[str, Record] = {}
@@ -262,6 +266,8 @@ def apply(records: list[Record]) -> None:
             at = _dt(r.at)
             if row.updated_at is not None and at is not None and row.updated_at > at:
                 continue  # a later change reached the row first
+            if row.store == "database" and row.state != DebounceKey.State.IDLE:
+                continue  # the database store's own flight or run: the row is its state
             row.state = (
                 DebounceKey.State.RUNNING
                 if r.running_until
