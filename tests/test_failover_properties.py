@@ -93,6 +93,7 @@ KINDS = (
     ["skip"]
     + ["trigger"] * 6
     + ["deliver"] * 4
+    + ["many"] * 2
     + ["take", "finish", "clock"] * 3
     + ["record", "recheck", "back"] * 2
     + ["extend", "crash", "flush", "cancel", "down", "oom", "flushall", "evict"]
@@ -258,6 +259,8 @@ class Player:
             pass
         elif kind == "trigger":
             self.trigger(a, b % 4, refused=b >= 6)
+        elif kind == "many":
+            self.trigger_many(a, [b % 4, (b + a) % 4])
         elif kind == "deliver":
             self.deliver(a, on_time=b % 2 == 0)
         elif kind == "take":
@@ -350,6 +353,30 @@ class Player:
         if dispatch is not None and refused:
             self.release([dispatch])
         else:
+            self.publish(key, dispatch, now)
+
+    def trigger_many(self, k: int, values: list[int]) -> None:
+        """``trigger_many`` of triggers of one key: through one Redis pipeline, the items
+        that failed through the database store."""
+        key = self.key(k)
+        now = self.tick()
+        before = auto.stats.fallbacks
+        payloads = [[value] for value in values]
+        out = self.backend.trigger_many(
+            task_name=key.task,
+            items=[(key.name, key.hash, dumps(p)) for p in payloads],
+            options=key.options,
+            now=dt(now),
+        )
+        fell_back = auto.stats.fallbacks > before
+        if fell_back:
+            assert not self.up or self.oom, f"{key.name}: triggers fell back, Redis healthy"
+            key.dual = True
+        for payload, (result, dispatch) in zip(payloads, out, strict=True):
+            # which store took an item without a message is not told: "?" (either)
+            store = dispatch.store if dispatch is not None else "?" if fell_back else "r"
+            if not result.dropped:
+                key.trigs.append(Trig(now, store, payload))
             self.publish(key, dispatch, now)
 
     def release(self, dispatches: list[Dispatch]) -> None:
@@ -451,7 +478,8 @@ class Player:
             mine = [
                 t
                 for t in before
-                if t.store == claim.store and not self.covered(key, t, claim.store, recorded=True)
+                if t.store in (claim.store, "?")
+                and not self.covered(key, t, claim.store, recorded=True)
             ]
             assert claim.triggers <= len(mine), (
                 f"{name} claims {claim.triggers} triggers, {len(mine)} of its store are not "
@@ -783,5 +811,37 @@ def test_the_finish_of_a_run_before_a_lost_state_ends_only_that_run(
         ("deliver", 0, 0),
         ("finish", 0, 0),
         ("crash", 0, 0),
+    ]
+    play(failover, steps, [PLAIN] * KEYS)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="open: a seed that Redis then refuses takes the row from the database store's "
+    "live run (I2); see the docstring",
+)
+def test_a_trigger_new_to_redis_leaves_a_run_of_the_database_store(
+    failover: RedisServer,
+) -> None:
+    """Redis answers OOM. A trigger of a key new to Redis opens its durable record (store
+    "redis", record.seed) before its script fails; it falls back and the database store takes
+    the row over with a flight of its own, which runs. The next such trigger opens the record
+    again over the database store's live run (store "redis" again); its script fails too, so
+    the database store takes the row over once more, drops the run it thinks is Redis's
+    (``_Key.adopt``: its own, still executing) and claims a second run while the first
+    executes (I2, within one store).
+
+    Not fixed yet: keeping a row the database store holds out of the Redis records (seed,
+    opened, recorder) fixes this, but then a Redis flight opened while the database store
+    holds the row has no durable record, and a later loss of its Redis state loses its
+    triggers (I1; found by the random run at once). A fix needs the seed to take the row only
+    once Redis accepted the trigger, and the database store not to drop a live run of its own
+    when it takes a row over."""
+    steps = [
+        ("oom", 0, 0),
+        ("trigger", 1, 0),
+        ("deliver", 0, 0),
+        ("trigger", 1, 0),
+        ("deliver", 0, 0),
     ]
     play(failover, steps, [PLAIN] * KEYS)
