@@ -159,7 +159,11 @@ def apply(records: list[Record]) -> None:
 
     The records of one key are applied in the order its scripts made them (one shard's list),
     not by their times: a step given ``now=`` (``run_due`` claims at a time of its own, the
-    finish after it takes the store's clock) may record a time earlier than the step before."""
+    finish after it takes the store's clock) may record a time earlier than the step before.
+
+    A row that the database store holds with a flight or a run of its own (the ``auto``
+    store fell back to it while Redis failed) keeps that state: the records of the key's
+    Redis flights still write their runs, and take the row back once it is idle."""
     from django_debounce.backends.record import alias
 
     db = alias()

@@ -69,12 +69,16 @@ class Finish:
     retry, ``None`` for a final failure). ``give_up``: the flow gave the flight up without
     running it (its attempts ran out with lost runs): only the claimed triggers that an attempt
     covered fail; the others go back to pending, due at once (``Claim.attempted`` says how
-    many were attempted)."""
+    many were attempted). ``started_at``: the run's ``Claim.started_at``; when given, only
+    the run claimed then is finished (a key whose Redis state was lost and rebuilt from its
+    durable record may hand out a run id again: the finish of the earlier run with that id
+    changes nothing); ``None``: the run id alone says which run ends."""
 
     ok: bool
     error: str = ""
     retry_in: float | None = None
     give_up: bool = False
+    started_at: datetime | None = None
 
 
 @dataclass(frozen=True)

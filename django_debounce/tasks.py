@@ -770,7 +770,13 @@ class DebouncedTask(Task):
             follow = backend.finish(
                 claim.key_hash,
                 claim.run_id,
-                Finish(ok=ok, error=error, retry_in=retry_in, give_up=give_up),
+                Finish(
+                    ok=ok,
+                    error=error,
+                    retry_in=retry_in,
+                    give_up=give_up,
+                    started_at=claim.started_at,
+                ),
                 task_name=self.name,
                 options=self.flight_options(),
                 store=claim.store,

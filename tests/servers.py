@@ -26,14 +26,18 @@ def _pong(port: int) -> bool:
 
 
 class RedisServer:
-    """``redis-server`` on a loopback port, without persistence: a restart starts empty."""
+    """``redis-server`` on a loopback port. Without ``persistent`` a restart starts empty;
+    with it, every write is in the append-only file before Redis answers (``appendonly yes``,
+    ``appendfsync always``), so a restart after ``stop()`` (SIGKILL) keeps every write that was
+    answered, and ``wipe()`` (while stopped) makes the next start empty."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, *, persistent: bool = False) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
             raise RuntimeError("redis-server is not installed; run the suite with scripts/test")
         self.binary = binary
         self.directory = directory
+        self.persistent = persistent
         self.port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -41,7 +45,16 @@ class RedisServer:
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
     def start(self) -> None:
+        persistence = (
+            ["--appendonly", "yes", "--appendfsync", "always", "--appenddirname", "aof"]
+            if self.persistent
+            else ["--appendonly", "no"]
+        )
         self.proc = subprocess.Popen(
             [
                 self.binary,
@@ -51,8 +64,7 @@ class RedisServer:
                 "127.0.0.1",
                 "--save",
                 "",
-                "--appendonly",
-                "no",
+                *persistence,
                 "--dir",
                 str(self.directory),
             ],
@@ -66,3 +78,8 @@ class RedisServer:
             self.proc.kill()
             self.proc.wait(timeout=10)
         wait_for(lambda: not _pong(self.port), timeout=10, message="redis to stop")
+
+    def wipe(self) -> None:
+        """Delete the append-only file (the server must be stopped): the next start is empty."""
+        assert not self.running, "wipe() needs a stopped server"
+        shutil.rmtree(self.directory / "aof", ignore_errors=True)

@@ -1051,13 +1051,17 @@ class DatabaseBackend(BaseBackend):
             k, at = self._load(cursor, sql, key_hash, options, now)
             if k is None or k.store != "database":
                 return None
-            applies = k.current(run_id) and k.running_until > at  # type: ignore[operator]
+            started = to_us(end.started_at) if end.started_at is not None else None
+            other = k.current(run_id) and started is not None and k.last_run_at != started
+            applies = not other and k.current(run_id) and k.running_until > at  # type: ignore[operator]
             k.covered = None
-            msg = k.finish(at, run_id, end.ok, retry, end.give_up)
+            # the finish of another run with this id (finish.lua's fence; run ids of this
+            # store are never handed out twice) changes nothing, as a late finisher's
+            msg = k.finish(at, -1 if other else run_id, end.ok, retry, end.give_up)
             if applies:
                 k.last_outcome = outcome
             w = Writes()
-            if run_id not in k.events:
+            if run_id not in k.events and not other:
                 # the run's record gets its outcome (a run an overlapping claim superseded
                 # too: its record is still marked running); a lost run's says so already
                 w.runs_end.append((k.pk, run_id, outcome, sql.time(at), end.error))

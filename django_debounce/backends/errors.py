@@ -26,26 +26,51 @@ UNAVAILABLE_REPLIES = frozenset(
 )
 
 
+# redis-py turns some error replies into exception classes of their own and strips the
+# first word from the message ("OOM command not allowed ..." becomes
+# ``OutOfMemoryError("command not allowed ...")``): the word each class stands for.
+_REPLY_CLASSES = (
+    ("OutOfMemoryError", "OOM"),
+    ("ReadOnlyError", "READONLY"),
+    ("BusyLoadingError", "LOADING"),
+    ("NoPermissionError", "NOPERM"),
+    ("TryAgainError", "TRYAGAIN"),
+    ("MasterDownError", "MASTERDOWN"),
+    ("ClusterDownError", "CLUSTERDOWN"),
+)
+
+
 def reply_kind(exc: BaseException) -> str:
-    """The first word of a Redis error reply (``"OOM"``, ``"ERR"``, ...), or ``""``."""
+    """The first word of a Redis error reply (``"OOM"``, ``"ERR"``, ...), or ``""``; also for
+    the error classes of redis-py that strip it (``OutOfMemoryError`` is ``"OOM"``)."""
+    try:
+        from redis import exceptions
+    except ImportError:  # pragma: no cover - redis is optional
+        exceptions = None  # type: ignore[assignment]
+    if exceptions is not None:
+        for name, word in _REPLY_CLASSES:
+            cls = getattr(exceptions, name, None)
+            if isinstance(cls, type) and isinstance(exc, cls):
+                return word
+    code = getattr(exc, "status_code", None)
+    if isinstance(code, str) and code:
+        return code.upper()
     text = str(exc.args[0]) if getattr(exc, "args", None) else str(exc)
     return text.split(" ", 1)[0].upper() if text else ""
 
 
 def redis_unavailable(exc: BaseException) -> bool:
     """Whether ``exc`` (from redis-py) means Redis cannot take the step now: a dropped
-    connection, a timeout, or an error reply of ``UNAVAILABLE_REPLIES``; never a script's
-    own error."""
+    connection, a timeout, or an error reply of ``UNAVAILABLE_REPLIES`` (redis-py's
+    ``OutOfMemoryError``, ``ReadOnlyError``, ... included); never a script's own error."""
     try:
         from redis.exceptions import ConnectionError as RedisConnectionError
-        from redis.exceptions import RedisError, ResponseError
+        from redis.exceptions import RedisError
         from redis.exceptions import TimeoutError as RedisTimeoutError
     except ImportError:  # pragma: no cover - redis is optional
         return isinstance(exc, OSError)
     if isinstance(exc, (RedisConnectionError, RedisTimeoutError, OSError)):
         return True
-    if isinstance(exc, ResponseError):
-        return reply_kind(exc) in UNAVAILABLE_REPLIES
     return isinstance(exc, RedisError) and reply_kind(exc) in UNAVAILABLE_REPLIES
 
 

@@ -251,22 +251,36 @@ def _row_fields(o: Opened) -> dict[str, Any]:
 # -- writes -----------------------------------------------------------------------------
 
 
-def seed(key_hash: str, key: str, task_name: str, payload_json: str | None, due_in: float) -> str:
+def seed(
+    key_hash: str,
+    key: str,
+    task_name: str,
+    payload_json: str | None,
+    due_in: float,
+    *,
+    at_us: int | None = None,
+) -> str:
     """Open the record of a key new to Redis (its state expired while idle, or was lost) and
     return ``"run_id,flight_id,triggers,runs,merged,cancelled,pending,first_us,due_us"``: the
     counters its Redis state continues from, and a flight the record holds whose Redis state
-    was lost (this trigger joins it). One statement on PostgreSQL and SQLite."""
-    return seed_many([(key_hash, key, task_name, payload_json)], due_in)[key_hash]
+    was lost (this trigger joins it). ``at_us``: the trigger's time in Redis's clock (that of
+    every record the recorder writes later; ``None``: this host's). One statement on
+    PostgreSQL and SQLite."""
+    return seed_many([(key_hash, key, task_name, payload_json)], due_in, at_us=at_us)[key_hash]
 
 
-def seed_many(items: list[tuple[str, str, str, str | None]], due_in: float) -> dict[str, str]:
+def seed_many(
+    items: list[tuple[str, str, str, str | None]], due_in: float, *, at_us: int | None = None
+) -> dict[str, str]:
     """``seed`` for each ``(key_hash, key, task_name, payload_json)`` of ``items`` (distinct
-    keys), in one statement per 500 keys on PostgreSQL and SQLite."""
+    keys), in one statement per 500 keys on PostgreSQL and SQLite. The rows are written at
+    ``at_us`` (Redis's clock, as the records of the recorder: a record made before this
+    trigger must not count as newer than the row), else at this host's time."""
     from django_debounce.models import DebounceKey
 
     db = alias()
     connection = connections[db]
-    now = time.time()
+    now_us = at_us if at_us is not None else int(time.time() * US)
     out: dict[str, str] = {}
     try:
         if _supports_upsert(connection):
@@ -277,8 +291,8 @@ def seed_many(items: list[tuple[str, str, str, str | None]], due_in: float) -> d
                 rows = [
                     _row_fields(
                         Opened(
-                            key_hash, key, task_name, int(now * US), "pending", 1, 1,
-                            int((now + due_in) * US), payload_json, 1, 0, 0, 0, 0,
+                            key_hash, key, task_name, now_us, "pending", 1, 1,
+                            now_us + int(due_in * US), payload_json, 1, 0, 0, 0, 0,
                         )
                     )
                     for key_hash, key, task_name, payload_json in chunk
@@ -420,12 +434,15 @@ def synced(row: Any, pending: int, running_until: int, due: int) -> None:
     )
 
 
-def rechecked(row: Any) -> None:
-    """The flight of ``row`` was rebuilt in Redis: look again after its due time."""
+def rechecked(row: Any, at: datetime | None = None) -> None:
+    """The flight of ``row`` was rebuilt in Redis at ``at`` (the recheck's time; ``None``:
+    now): look again one grace later."""
 
     from django_debounce.models import DebounceKey
 
-    DebounceKey.objects.using(alias()).filter(pk=row.pk).update(recheck_at=_recheck(utc_now()))
+    DebounceKey.objects.using(alias()).filter(pk=row.pk).update(
+        recheck_at=_recheck(at or utc_now())
+    )
 
 
 def recheck_later(key_hash: str) -> None:

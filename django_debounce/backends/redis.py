@@ -123,6 +123,14 @@ def _now(now: datetime | None) -> int:
     return _us(now) if now is not None else 0
 
 
+def _wants_seed(out: Any) -> bool:
+    """Whether a reply of trigger.lua is ``{'seed', now}``: the key is new to Redis, its
+    durable record must be read first (``now``: the step's time in microseconds)."""
+    return (
+        isinstance(out, (list, tuple)) and len(out) == 2 and _s(out[0]) == "seed"  # type: ignore[arg-type]
+    )
+
+
 def key_id(key_hash: str) -> str:
     """The id of a key in Redis: its SHA-256 (64 hex digits) in unpadded base64url, 43
     characters (the index holds one per pending key: 21 bytes fewer than hex)."""
@@ -344,7 +352,7 @@ class RedisBackend(BaseBackend):
         if out is None:
             out = self._run("trigger", rkey, [_now(now), *head, payload_json, *tail, "", ""])
         seeded = False
-        if not isinstance(out, (bytes, str)) and len(out) == 1:
+        if _wants_seed(out):
             # new to Redis: open the durable record and continue its counters (another
             # process may open the flight meanwhile, so the second call can merge)
             seed = record.seed(
@@ -353,6 +361,7 @@ class RedisBackend(BaseBackend):
                 task_name,
                 None if options.collect else payload_json,
                 options.wait,
+                at_us=int(out[1]),
             )
             seeded = True
             out = self._run(
@@ -417,11 +426,7 @@ class RedisBackend(BaseBackend):
         tail = [wait_us, max_wait_us, edge, options.collect_limit or 0]
         script = self.scripts["trigger"]
         replies = self._pipeline_triggers(script, task_name, items, options, tail, now, None)
-        fresh = [
-            i
-            for i, out in enumerate(replies)
-            if not isinstance(out, (bytes, str)) and len(out) == 1
-        ]
+        fresh = [i for i, out in enumerate(replies) if _wants_seed(out)]
         seeded: set[int] = set()
         if fresh:
             first: dict[str, tuple[str, str, str, str | None]] = {}
@@ -430,7 +435,9 @@ class RedisBackend(BaseBackend):
                 first.setdefault(
                     hashed, (hashed, key, task_name, None if options.collect else payload)
                 )
-            seeds = record.seed_many(list(first.values()), options.wait)
+            seeds = record.seed_many(
+                list(first.values()), options.wait, at_us=max(int(replies[i][1]) for i in fresh)
+            )
             again = self._pipeline_triggers(
                 script, task_name, [items[i] for i in fresh], options, tail, now, seeds
             )
@@ -772,6 +779,7 @@ class RedisBackend(BaseBackend):
                 retry_us,
                 end.error.replace("|", "/")[:2000],
                 int(end.give_up),
+                _us(end.started_at) if end.started_at is not None else 0,
             ],
         )
         seq = int(seq)
@@ -907,7 +915,7 @@ class RedisBackend(BaseBackend):
             adopted = self.adopt(row.key_hash, row.task_name, task_options)
             if adopted:  # a flight of the previous release's layout: adopted, or after its run
                 if adopted > 0:
-                    record.rechecked(row)
+                    record.rechecked(row, at)
                 continue
             payload = (
                 ""
@@ -939,7 +947,7 @@ class RedisBackend(BaseBackend):
                     row.task_name,
                     row.key,
                 )
-            record.rechecked(row)
+            record.rechecked(row, at)
         return rebuilt
 
     # -- reading ----------------------------------------------------------------------------

@@ -3,6 +3,8 @@
 -- else the failed run's triggers run again no earlier than this), [11] error text, [12] give
 -- up (1: the flow gave the flight up without running it, its attempts ran out: only the
 -- triggers an attempt covered fail; the others go back to pending, due at once).
+-- [13] the run's claim time in us (0: not given): only the run claimed then is finished (a
+-- key whose state was lost and rebuilt from its durable record may hand out a run id again).
 -- Returns {applied (0/1), seq, countdown_us, lost_run_id}.
 local c = single_ctx()
 local h = c.h
@@ -11,9 +13,10 @@ local now = clock()
 local s, o = load_state(h)
 local lost = recover_lease(s, now, c)
 local extra = nil
-if s.r ~= tonumber(ARGV[8]) or s.ru == 0 then
-  -- a late finisher after its lease ran out changes nothing; when it recovered the lost run
-  -- itself, it schedules that flight
+local started = tonumber(ARGV[13]) or 0
+if s.r ~= tonumber(ARGV[8]) or s.ru == 0 or (started > 0 and s.lr ~= started) then
+  -- a late finisher after its lease ran out (or of an earlier run with this id) changes
+  -- nothing; when it recovered the lost run itself, it schedules that flight
   local seq, cd = 0, 0
   if lost > 0 and s.p > 0 and s.ru == 0 and s.tk == 0 then
     seq, cd = schedule(s, math.max(s.d, now), now, c)

@@ -7,8 +7,9 @@
 -- none), [14] seed "run_id,flight_id,triggers,runs,merged,cancelled,pending,first_us,due_us"
 -- of the durable record ('': not read yet); pending > 0 when the record holds a flight whose
 -- Redis state was lost: this trigger joins it (nothing lost, I1).
--- A key new to Redis returns {'seed'} without a seed: the caller reads the durable record
--- and calls again, so counters continue where the record left them.
+-- A key new to Redis returns {'seed', now} without a seed: the caller reads the durable
+-- record (and opens it at this step's time, the clock of every record) and calls again, so
+-- counters continue where the record left them.
 local h = KEYS[1]
 local now = tonumber(ARGV[1])
 if now == 0 then
@@ -58,7 +59,7 @@ end
 
 local c = single_ctx()
 local fresh = redis.call('EXISTS', h) == 0
-if fresh and ARGV[14] == '' then return {'seed'} end
+if fresh and ARGV[14] == '' then return {'seed', fmt(now)} end
 if not fresh and ARGV[14] ~= '' then
   -- Triggers of a key new to Redis race: each read the durable record, and one made the
   -- hash first. When that one took the record's flight as lost, the flight it rebuilt
