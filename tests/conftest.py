@@ -7,69 +7,26 @@ here, after the test database exists, and stopped at the end of the session.
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
-from typing import Any, ClassVar
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import redis
 from django.conf import settings
 
 import tests.celery_app  # noqa: F401  (the app every task of the suite publishes through)
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def wait_for(
-    predicate: Callable[[], Any],
-    *,
-    timeout: float = 20.0,
-    interval: float = 0.05,
-    message: str = "condition",
-) -> Any:
-    """Poll ``predicate`` until it returns a truthy value or ``timeout`` seconds pass."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {message}")
-        time.sleep(interval)
-
-
-def stays(predicate: Callable[[], Any], *, duration: float, interval: float = 0.05) -> bool:
-    """True when ``predicate`` holds for the whole of ``duration`` seconds (checked by polling)."""
-    deadline = time.monotonic() + duration
-    while time.monotonic() < deadline:
-        if not predicate():
-            return False
-        time.sleep(interval)
-    return bool(predicate())
-
-
-def flush_redis() -> None:
-    """Empty the Redis of the cache alias and, in the Redis Cluster run
-    (``DEBOUNCE_REDIS_CLUSTER``), every master of the cluster."""
-    redis.Redis.from_url(settings.CACHES["default"]["LOCATION"]).flushdb()
-    nodes = getattr(settings, "DEBOUNCE_REDIS_CLUSTER", None)
-    if nodes:
-        for node in nodes:
-            host, _, port = node.rpartition(":")
-            client = redis.Redis(host=host or "127.0.0.1", port=int(port))
-            if client.info("replication").get("role") == "master":
-                client.flushall()
-            client.close()
+from tests.support.helpers import flush_redis, wait_for
+from tests.support.workers import Worker
 
 
 @pytest.fixture(autouse=True)
 def clean_redis_state() -> None:
-    """Every test starts with an empty debounce state in Redis (the tables are flushed too)."""
+    """Every test starts with an empty debounce state in Redis (the tables are flushed too).
+    Without servers, a test outside tests/unit/ fails here (tests/unit/conftest.py overrides
+    this fixture)."""
+    if not settings.SERVERS:
+        pytest.fail(settings.NO_SERVERS)
     flush_redis()
 
 
@@ -78,112 +35,6 @@ def broker() -> redis.Redis:
     client = redis.Redis.from_url(settings.CELERY_BROKER_URL)
     client.ping()  # fail, do not skip, when Redis is not there
     return client
-
-
-class Worker:
-    """A real ``celery worker`` (prefork) subprocess running the test app's tasks."""
-
-    # The workers of this session that were started and not stopped since (``no_workers``).
-    live: ClassVar[set[Worker]] = set()
-
-    def __init__(
-        self,
-        concurrency: int = 4,
-        queue: str = "debounce-tests",
-        env: dict[str, str] | None = None,
-        name: str | None = None,
-    ) -> None:
-        self.concurrency = concurrency
-        self.queue = queue
-        self.env = env or {}
-        self.name = name or queue  # the node name's first part (distinct for several workers)
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.log = (
-            Path(os.environ.get("TMPDIR", "/tmp"))
-            / f"debounce-worker-{self.name}-{os.getpid()}.log"
-        )
-
-    def start(self) -> None:
-        # The worker runs the auto store, which routes every message to the store that
-        # issued it, so one worker serves tests of every store.
-        env = {
-            **os.environ,
-            "DEBOUNCE_TEST_WORKER": "1",
-            "DJANGO_SETTINGS_MODULE": "tests.settings",
-            "PYTHONPATH": str(ROOT),
-            "DEBOUNCE_TEST_BACKEND": "auto",
-            **self.env,  # a test's worker may override any of these
-        }
-        self._out = open(self.log, "ab")  # noqa: SIM115
-        # The log file is shared by every start of a worker of this queue in this session:
-        # only a "ready." written after this start counts (a restart must wait for its own).
-        self._log_from = os.path.getsize(self.log)
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                "tests.celery_app",
-                "worker",
-                "--pool",
-                "prefork",
-                "--concurrency",
-                str(self.concurrency),
-                "--loglevel",
-                "INFO",
-                "--without-gossip",
-                "--without-mingle",
-                "--without-heartbeat",
-                "-Q",
-                self.queue,
-                "--hostname",
-                f"{self.name}-{os.getpid()}@localhost",
-            ],
-            cwd=ROOT,
-            env=env,
-            stdout=self._out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        Worker.live.add(self)
-        wait_for(self._ready, timeout=60, interval=0.2, message="the Celery worker to be ready")
-
-    def _ready(self) -> bool:
-        assert self.proc is not None
-        if self.proc.poll() is not None:
-            raise RuntimeError(
-                f"Celery worker exited with {self.proc.returncode}; see {self.log}:\n"
-                + self.log.read_text()[-3000:]
-            )
-        with open(self.log, "rb") as log:
-            log.seek(self._log_from)
-            return b"ready." in log.read()
-
-    @property
-    def running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def kill(self) -> None:
-        """SIGKILL the worker and its pool processes: runs in progress die mid-body."""
-        assert self.proc is not None
-        Worker.live.discard(self)
-        os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait()
-        self._out.close()
-
-    def stop(self) -> None:
-        Worker.live.discard(self)
-        if not self.running:
-            return
-        assert self.proc is not None
-        os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-        self._out.close()
 
 
 @pytest.fixture(scope="session")
@@ -246,6 +97,18 @@ def worker(celery_worker_session: Worker, store: str, transactional_db: Any) -> 
     client = redis.Redis.from_url(settings.CACHES["default"]["LOCATION"])
     for name in list(client.scan_iter(match="*:rec", count=1000)):
         client.delete(name)
+
+
+@pytest.fixture
+def eager() -> Iterator[None]:
+    """Celery's eager mode (``task_always_eager``): nothing is published, a trigger never runs
+    the body; the test runs due flights with ``django_debounce.testing.run_due``."""
+    app = tests.celery_app.app
+    app.conf.task_always_eager = True
+    try:
+        yield
+    finally:
+        app.conf.task_always_eager = False
 
 
 @pytest.fixture

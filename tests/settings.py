@@ -1,7 +1,9 @@
 """Settings of the test suite: real PostgreSQL or SQLite (``DEBOUNCE_TEST_DB``), real Redis.
 
-``scripts/test`` starts throwaway servers and exports their URLs; running pytest without them
-fails at once rather than skipping.
+``scripts/test`` starts throwaway servers and exports their URLs. Without them only
+``tests/unit/`` runs (these settings then name SQLite in a temporary file and no Redis); every
+other test fails at once with ``NO_SERVERS`` (``clean_redis_state`` in tests/conftest.py),
+never skips.
 """
 
 import os
@@ -10,15 +12,21 @@ from urllib.parse import urlparse
 
 from django.core.exceptions import ImproperlyConfigured
 
+SERVERS = bool(os.environ.get("DEBOUNCE_TEST_REDIS_URL"))
+NO_SERVERS = (
+    "DEBOUNCE_TEST_REDIS_URL is not set. Run the suite with scripts/test, which starts "
+    "throwaway Redis and PostgreSQL servers and exports their URLs (tests/README.md says how "
+    "to point it at servers of your own); only tests/unit/ runs without them."
+)
 
-def _need(name: str) -> str:
+
+def _need(name: str, without_servers: str | None = None) -> str:
     value = os.environ.get(name)
-    if not value:
-        raise ImproperlyConfigured(
-            f"{name} is not set. Run the suite with scripts/test, which starts throwaway "
-            "Redis and PostgreSQL servers and exports their URLs."
-        )
-    return value
+    if value:
+        return value
+    if not SERVERS and without_servers is not None:
+        return without_servers  # tests/unit/ only: never contacted
+    raise ImproperlyConfigured(f"{name} is not set. {NO_SERVERS}")
 
 
 SECRET_KEY = "tests-only"
@@ -58,9 +66,9 @@ TEMPLATES = [
     }
 ]
 
-DB_VENDOR = os.environ.get("DEBOUNCE_TEST_DB", "postgresql")
+DB_VENDOR = os.environ.get("DEBOUNCE_TEST_DB", "postgresql" if SERVERS else "sqlite")
 IN_WORKER = os.environ.get("DEBOUNCE_TEST_WORKER") == "1"
-REDIS_URL = _need("DEBOUNCE_TEST_REDIS_URL")
+REDIS_URL = _need("DEBOUNCE_TEST_REDIS_URL", "redis://127.0.0.1:1/0")
 
 if DB_VENDOR == "postgresql":
     pg = urlparse(_need("DEBOUNCE_TEST_POSTGRES_URL"))
@@ -137,7 +145,7 @@ DEBOUNCE_DEFAULT_WAIT = 0.3
 DEBOUNCE_LEASE = 60
 # The lost-message test's worker takes a flight again after a one-second grace.
 DEBOUNCE_DISPATCH_GRACE = float(os.environ.get("DEBOUNCE_TEST_DISPATCH_GRACE", 60))
-# tests/test_worker.py starts a worker without a pump.
+# tests/worker/test_worker.py starts a worker without a pump.
 DEBOUNCE_PUMP = os.environ.get("DEBOUNCE_TEST_PUMP", "1") == "1"
 # The Redis Cluster leg of scripts/test: the Redis store on a 3-master cluster (the broker and
 # the cache stay on the plain Redis).

@@ -1,4 +1,4 @@
-"""Settings of a project with two databases (tests/test_two_databases.py runs the
+"""Settings of a project with two databases (tests/commands/test_two_databases.py runs the
 commands under them in a subprocess): ``default`` and ``other``, both SQLite files named by
 the environment; ``DEBOUNCE_TEST_ROUTE`` names a router of this module to use:
 ``DebounceOnOther`` (this app's tables on ``other``) or ``ItemsOnOther`` (the test app's

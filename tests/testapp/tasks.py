@@ -229,7 +229,7 @@ def long_runner(tag: str, *, debounce: RunInfo) -> None:
     _body("testapp.long_runner", tag, 4.0, debounce)
 
 
-# -- lodash cases in real time (tests/test_lodash.py): 1 lodash millisecond = 50 ms ------------
+# -- lodash cases in real time (tests/stores/test_lodash.py): 1 lodash millisecond = 50 ms ---
 
 LODASH_MS = 0.05
 
@@ -312,7 +312,7 @@ def tickets_collected(sender, pks, instances, **kwargs):
     TICKETS_SEEN.append({"pks": pks, "instance_pks": [i.pk for i in instances]})
 
 
-# -- the worker's main process (tests/test_worker.py) ----------------------------------------
+# -- the worker's main process (tests/worker/test_worker.py) -----------------------------
 
 
 @debounced_task(wait=0.2, name="testapp.hosts", lease=10, key=lambda tag, sleep=0.0: tag)

@@ -1,0 +1,288 @@
+"""What django-debounce adds to a Celery worker, with real worker processes
+(docs/design.md, "Dispatch at scale"): the pump in the worker's main process (not in pool
+children, not in the consumer's thread), stopped on a warm shutdown, turned off with
+``DEBOUNCE_PUMP=False`` and run on its own by ``manage.py debounce_pump``; the lease keeper
+keeping alive the lease of a body that holds the GIL; several hosts, one killed whole
+mid-batch and mid-run; and a worker that starts consuming at once with 100,000 pending keys
+in the index."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from django.test import override_settings
+
+from django_debounce import trigger_many
+from django_debounce.backends import get_backend
+from django_debounce.keys import key_hash
+from django_debounce.models import DebounceKey, DebounceRun
+from tests.celery_app import app
+from tests.support.helpers import ROOT, Worker, stays, wait_for
+from tests.support.peek import peek_database, peek_redis
+from tests.testapp.models import RunLog
+from tests.testapp.tasks import gil_holder, hosts, lodash_debounce, record, record_slow
+
+pytestmark = pytest.mark.worker
+
+PUMP = "django-debounce pump"
+
+
+def flight(task, tag: str) -> dict | None:
+    """The store's state of ``task``'s key for ``tag`` (Redis first, then the database)."""
+    h = key_hash(task.name, task.resolve((tag,), {})[0])
+    backend = get_backend()
+    redis = backend if backend.name == "redis" else getattr(backend, "redis", None)
+    state = peek_redis(redis, h, task.name, False) if redis is not None else None
+    return state if state is not None and state["pending"] else peek_database(h, False)
+
+
+@pytest.fixture
+def alone(celery_worker_session, transactional_db):
+    """No other worker (so no other pump) runs during the test: the session worker is stopped
+    and started again after it."""
+    celery_worker_session.stop()
+    try:
+        yield
+    finally:
+        celery_worker_session.start()
+
+
+def inspect(worker: Worker, command: str) -> dict:
+    node = f"{worker.name}-{os.getpid()}@localhost"
+    replies = wait_for(
+        lambda: app.control.inspect(destination=[node], timeout=2.0)._request(command),
+        timeout=20,
+        interval=0.5,
+        message=f"{node} to answer {command}",
+    )
+    return replies[node]
+
+
+def test_the_pump_runs_in_the_main_process_and_stops_on_a_warm_shutdown(alone, store, unique_tag):
+    worker = Worker(concurrency=2, name="pump-main")
+    worker.start()
+    try:
+        # the main process: a thread of its own, not the consumer's (which answers this)
+        main = inspect(worker, "test_threads")
+        assert main["pid"] == worker.proc.pid
+        assert PUMP in main["threads"] and main["current"] != PUMP
+        assert main["threads"].count(PUMP) == 1
+        stats = inspect(worker, "debounce_stats")
+        assert stats["pump"] is True and stats["ticks"] >= 1
+        # a pool child: no pump there
+        record_threads = app.tasks["testapp.threads"]
+        record_threads.trigger(unique_tag)
+        child = wait_for(
+            lambda: RunLog.objects.filter(task="testapp.threads", tag=unique_tag).first(),
+            message="a run in a pool child",
+        )
+        assert child.pid != worker.proc.pid and child.payload["ppid"] == worker.proc.pid
+        assert PUMP not in child.payload["threads"]
+        # the pump publishes what is due (the flight waits in the index: due in 1.6 s)
+        lodash_debounce.trigger(f"{unique_tag}-due")
+        wait_for(
+            lambda: RunLog.objects.filter(tag=f"{unique_tag}-due", finished__isnull=False).exists(),
+            message="the pump to publish a flight from the index",
+        )
+        # warm shutdown while a run goes on: the run finishes, the pump stops at once
+        record.trigger(f"{unique_tag}-long", 4.0)
+        wait_for(lambda: RunLog.objects.filter(tag=f"{unique_tag}-long").exists())
+        os.kill(worker.proc.pid, signal.SIGTERM)  # the main process only: a warm shutdown
+        lodash_debounce.trigger(f"{unique_tag}-after")  # due 1.6 s later, during the shutdown
+        stopping = time.monotonic()
+        worker.proc.wait(timeout=30)
+        assert time.monotonic() - stopping >= 1.6 + 0.5  # the 4 s run was let finish
+        assert RunLog.objects.get(tag=f"{unique_tag}-long").finished is not None
+        after = flight(lodash_debounce, f"{unique_tag}-after")
+        assert after["pending"] == 1 and not after["taken"], "a stopping worker's pump published"
+    finally:
+        worker.stop()
+
+    # DEBOUNCE_PUMP=False: this worker publishes nothing; another pump does
+    quiet = Worker(concurrency=2, name="pump-off", env={"DEBOUNCE_TEST_PUMP": "0"})
+    quiet.start()
+    try:
+        assert inspect(quiet, "debounce_stats")["pump"] is False
+        assert PUMP not in inspect(quiet, "test_threads")["threads"]
+        assert stays(
+            lambda: not flight(lodash_debounce, f"{unique_tag}-after")["taken"], duration=3
+        )
+        out = subprocess.run(
+            # manage.py debounce_pump --once, in a process that imports the Celery app (as
+            # a project's package __init__ does)
+            [
+                sys.executable,
+                "-c",
+                "import django; django.setup(); import tests.celery_app; "
+                "from django.core.management import call_command; "
+                "call_command('debounce_pump', '--once')",
+            ],
+            cwd=ROOT,
+            env={
+                **os.environ,
+                "DEBOUNCE_TEST_WORKER": "1",
+                "DJANGO_SETTINGS_MODULE": "tests.settings",
+                "DEBOUNCE_TEST_BACKEND": "auto",
+            },
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert out.returncode == 0, out.stderr
+        assert "published 1 message(s)" in out.stdout, out.stdout + out.stderr
+        run = wait_for(
+            lambda: RunLog.objects.filter(
+                tag=f"{unique_tag}-after", finished__isnull=False
+            ).first(),
+            message="the run the standalone pump published",
+        )
+        assert run.triggers == 1
+    finally:
+        quiet.stop()
+
+
+def test_the_lease_keeper_keeps_a_gil_holding_run_alive(alone, store, unique_tag):
+    """A body that holds the GIL (a C loop) for about 4 leases: the lease keeper in the main
+    process extends its lease, so it is never counted lost, redone or overlapped."""
+    lease = gil_holder.flight_options().lease
+    assert lease == 1.5
+    worker = Worker(concurrency=2, name="keeper")
+    worker.start()
+    try:
+        gil_holder.trigger(unique_tag, 4 * lease)
+        first = wait_for(lambda: RunLog.objects.filter(tag=unique_tag).first())
+        gil_holder.trigger(unique_tag, 0.1)  # waits for the live run (no overlap)
+        runs = wait_for(
+            lambda: (
+                [
+                    r
+                    for r in RunLog.objects.filter(tag=unique_tag).order_by("started")
+                    if r.finished is not None
+                ]
+                if RunLog.objects.filter(tag=unique_tag, finished__isnull=False).count() == 2
+                else None
+            ),
+            timeout=60,
+            message="the long run and the one after it",
+        )
+        assert runs[0].pk == first.pk
+        assert runs[0].finished - runs[0].started > 2 * lease  # it held its lease past it
+        assert runs[1].started >= runs[0].finished, list(  # I2
+            DebounceRun.objects.values_list("run_id", "outcome", "started_at", "finished_at")
+        )
+        assert (runs[0].triggers, runs[1].triggers) == (1, 1)
+        assert stays(lambda: RunLog.objects.filter(tag=unique_tag).count() == 2, duration=1.0)
+        wait_for(
+            lambda: (
+                DebounceRun.objects.filter(task_name="testapp.gil_holder").count() == 2
+                and not DebounceRun.objects.filter(outcome="running").exists()
+            ),
+            timeout=15,
+        )
+        assert set(DebounceRun.objects.values_list("outcome", flat=True)) == {"success"}
+    finally:
+        worker.stop()
+
+
+def test_three_hosts_one_killed_whole_mid_batch_and_mid_run(alone, store, unique_tag):
+    """Three workers (distinct node names), each pumping and running, lease 10 s. One is
+    killed whole (its process group: main process and pool) while it runs bodies and holds
+    prefetched messages. Within the lease and two pump ticks every trigger is covered by a
+    finished run that started after it; no flight ran twice; no two runs of a key overlap."""
+    grace = 4.0
+    env = {"DEBOUNCE_TEST_DISPATCH_GRACE": str(grace)}
+    workers = [Worker(concurrency=2, name=f"host{i}", env=env) for i in range(3)]
+    for w in workers:
+        w.start()
+    tags = [f"{unique_tag}-{i}" for i in range(12)]
+    triggers: dict[str, list[float]] = {tag: [] for tag in tags}
+    try:
+        with override_settings(DEBOUNCE_DISPATCH_GRACE=grace):
+            killed_at = None
+            for round_ in range(8):
+                for tag in tags:
+                    hosts.trigger(tag, 1.5)
+                    triggers[tag].append(time.time())
+                if round_ == 4:
+                    # kill the host that is running the most bodies right now
+                    busy = {
+                        log.pid
+                        for log in RunLog.objects.filter(task="testapp.hosts", finished=None)
+                    }
+                    victim = max(
+                        workers,
+                        key=lambda w: sum(1 for pid in busy if _parent(pid) == w.proc.pid),
+                    )
+                    victim.kill()
+                    killed_at = time.time()
+                time.sleep(0.25)
+        assert killed_at is not None
+        last = max(max(times) for times in triggers.values())
+        deadline_at = max(killed_at + 10 + 2, last) + 1.5 + 3  # + the body + dispatch
+        for tag, times in triggers.items():
+            wait_for(
+                lambda tag=tag, at=times[-1]: RunLog.objects.filter(
+                    tag=tag, started__gte=at, finished__isnull=False
+                ).exists(),
+                timeout=max(deadline_at - time.time(), 1),
+                message=f"a finished run of {tag} after its last trigger",
+            )
+        assert time.time() <= deadline_at + 1
+        for tag, times in triggers.items():
+            runs = list(RunLog.objects.filter(tag=tag).order_by("started"))
+            done = [r for r in runs if r.finished is not None]
+            for at in times:  # I1: each trigger covered by a finished run started after it
+                assert any(r.started >= at for r in done), (tag, at)
+            flights = [r.flight_id for r in done]
+            assert len(flights) == len(set(flights)), f"{tag}: a flight ran twice: {flights}"
+            for a, b in zip(runs, runs[1:], strict=False):  # I2
+                end = a.finished if a.finished is not None else killed_at
+                assert b.started >= end, f"{tag}: runs overlapped"
+        assert any(r.finished is None for r in RunLog.objects.filter(task="testapp.hosts")), (
+            "the killed host was running nothing: the test did not test a run killed mid-body"
+        )
+    finally:
+        for w in workers:
+            if w.proc is not None and w.proc.poll() is None:
+                w.stop()
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return int(fh.read().rsplit(")", 1)[1].split()[1])
+    except OSError:
+        return None
+
+
+def test_a_worker_with_100000_pending_keys_starts_consuming_at_once(alone, unique_tag):
+    """The pump looks at what is due, not at every pending key: a worker started with
+    100,000 flights waiting in the index runs a new key's flight within seconds."""
+    started = time.monotonic()
+    results = trigger_many(record_slow, [f"{unique_tag}-{i}" for i in range(100_000)])
+    filled = time.monotonic() - started
+    assert len(results) == 100_000 and all(r.pending == 1 for r in results)
+    stats = get_backend().index_stats([record_slow.name])[record_slow.name]
+    assert stats.depth == 100_000 and stats.due == 0
+    worker = Worker(concurrency=2, name="busy-index")
+    started = time.monotonic()
+    worker.start()
+    try:
+        ready = time.monotonic() - started
+        record.trigger(unique_tag)
+        probe = time.monotonic()
+        wait_for(
+            lambda: RunLog.objects.filter(tag=unique_tag, finished__isnull=False).exists(),
+            timeout=5,
+            message="the probe key's run",
+        )
+        assert time.monotonic() - probe < 5
+        assert ready < 30, f"the worker took {ready:.1f}s to start (filling took {filled:.1f}s)"
+    finally:
+        worker.stop()
+    assert DebounceKey.objects.filter(task_name=record_slow.name).count() == 100_000
