@@ -58,9 +58,9 @@ from django_debounce.backends.base import LiveRun
 from django_debounce.keys import dumps
 from django_debounce.models import DebounceKey, DebounceRun
 from django_debounce.state import Finish, FireAction, FlightOptions
-from tests.support.helpers import Worker
 from tests.support.model import US, Config, KeyModel, Msg, canon
 from tests.support.peek import peek_database, peek_redis
+from tests.support.workers import Worker
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_workers")]
 

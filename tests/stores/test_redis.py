@@ -38,9 +38,10 @@ from django_debounce.keys import key_hash
 from django_debounce.models import DebounceKey, DebounceRun
 from django_debounce.recorder import drain_all
 from django_debounce.state import Finish, FireAction
-from tests.support.helpers import Worker, stays, wait_for
+from tests.support.helpers import stays, wait_for
 from tests.support.procs import trigger_from_processes
 from tests.support.servers import RedisServer, free_port
+from tests.support.workers import Worker
 from tests.testapp.models import RunLog
 from tests.testapp.tasks import batch, eta, failover, flaky, record, record_slow
 

@@ -15,7 +15,8 @@ from django.test import override_settings
 from django_debounce.keys import key_hash
 from django_debounce.models import DebounceRun
 from django_debounce.pump import Pump
-from tests.support.helpers import Worker, stays, wait_for
+from tests.support.helpers import stays, wait_for
+from tests.support.workers import Worker
 from tests.testapp.models import RunLog
 from tests.testapp.tasks import crashy, orphan
 

@@ -11,7 +11,8 @@ import pytest
 
 from django_debounce.keys import key_hash
 from django_debounce.models import DebounceKey, DebounceRun
-from tests.support.helpers import Worker, stays, wait_for
+from tests.support.helpers import stays, wait_for
+from tests.support.workers import Worker
 from tests.testapp.models import Batchy, RunLog
 from tests.testapp.tasks import (
     asks_retry,

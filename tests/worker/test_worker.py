@@ -22,8 +22,9 @@ from django_debounce.backends import get_backend
 from django_debounce.keys import key_hash
 from django_debounce.models import DebounceKey, DebounceRun
 from tests.celery_app import app
-from tests.support.helpers import ROOT, Worker, stays, wait_for
+from tests.support.helpers import ROOT, stays, wait_for
 from tests.support.peek import peek_database, peek_redis
+from tests.support.workers import Worker
 from tests.testapp.models import RunLog
 from tests.testapp.tasks import gil_holder, hosts, lodash_debounce, record, record_slow
 
