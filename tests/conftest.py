@@ -115,3 +115,13 @@ def eager() -> Iterator[None]:
 def unique_tag(request: pytest.FixtureRequest) -> str:
     """A tag unique to this test, for keys that must not meet keys of other tests."""
     return f"{request.node.name}-{time.monotonic_ns()}"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test that uses a real Celery worker (the ``worker`` fixture, the session's
+    worker, or a module marked so) as ``worker``: ``-m "not worker"`` is the smoke subset
+    that the extra legs of scripts/test run."""
+    for item in items:
+        used = set(getattr(item, "fixturenames", ()))
+        if used & {"worker", "celery_worker_session"}:
+            item.add_marker(pytest.mark.worker)
