@@ -1,9 +1,9 @@
 """The database store: a key's state is its ``DebounceKey`` row, changed under a row lock, and
 the due index is the ``DebounceDue`` table (one row per key that needs attention).
 
-Every operation is the rule of ``tests/support/model.py`` (``KeyModel``, the reference model) applied
-in Python to the row read in integer microseconds (``_Key``, whose methods carry the model's
-names and rule order, as the Lua scripts of the Redis store do), then written back in one
+Every operation is the rule of ``tests/support/model.py`` (``KeyModel``, the reference model)
+applied in Python to the row read in integer microseconds (``_Key``, whose methods carry the
+model's names and rule order, as the Lua scripts of the Redis store do), then written back in one
 statement: the changed columns of the key row, its index entry (``_reindex``), and the run
 records (``database_sql.py`` builds them).
 
