@@ -164,7 +164,7 @@ def test_log_levels(eager, store, caplog):
     lines = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "django_debounce"]
     debug = [m for level, m in lines if level == logging.DEBUG and "trigger" in m]
     info = [m for level, m in lines if level == logging.INFO]
-    assert len(debug) == 2 and "scheduled" in debug[0] and "merged" in debug[1]
+    assert len(debug) == 2 and "opened" in debug[0] and "merged" in debug[1]
     assert any("started: 2 trigger(s), 1 merged" in m for m in info)
     assert any("success" in m for m in info)
     assert not [m for level, m in lines if level >= logging.WARNING]
