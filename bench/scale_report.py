@@ -78,6 +78,9 @@ def markdown(doc: dict[str, Any]) -> str:
         + ", ".join(f"`{k} = {v}`" for k, v in d["postgresql"]["set"].items())
         + " (pg_stat_statements counts the SQL statements).",
         "",
+        f"Targets met: {sum(f['met'] is True for f in doc['figures'])} of "
+        f"{sum(f['met'] is not None for f in doc['figures'])}.",
+        "",
         "| figure | value | unit | baseline | baseline is | target | met |",
         "|---|---|---|---|---|---|---|",
     ]
@@ -132,6 +135,12 @@ def markdown(doc: dict[str, Any]) -> str:
             if i < len(tp[store]):
                 row(f"debounced, {store} store, {i + 1}", tp[store][i])
     row("debounced, database store, without CELERY_DB_REUSE_MAX", tp["database_without_reuse"])
+    warned = tp["database_without_reuse"].get("worker_warned")
+    lines += [
+        "",
+        "The worker without `CELERY_DB_REUSE_MAX` warned about it at start: "
+        f"{_fmt(warned) if warned is not None else '-'}.",
+    ]
     for store in ("redis", "database"):
         top = tp[store][0]["sql_top"][:6] if tp[store] else []
         if top:
@@ -145,14 +154,16 @@ def markdown(doc: dict[str, Any]) -> str:
     lines += ["", "### Backlog (flights due while no worker ran, then one started)", ""]
     lines += [
         "| store | flights | messages | per flight | drain runs/s | worker start → first run s |"
-        " runs after the last |",
-        "|---|---|---|---|---|---|---|",
+        " runs after the last | worker CPU µs/run (by thread) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for store, b in d["backlog"].items():
         lines.append(
             f"| {store} | {b['flights']:,} | {b['messages_published']:,} | "
             f"{b['messages_per_flight']} | {_fmt(b['runs_per_second'])} | "
-            f"{b['worker_start_to_first_run_seconds']} | {b['runs_after_the_last']} |"
+            f"{b['worker_start_to_first_run_seconds']} | {b['runs_after_the_last']} | "
+            + ", ".join(f"{k} {_fmt(v)}" for k, v in b["worker_cpu_us_per_run"].items() if v)
+            + " |"
         )
     lines += ["", "### Idle workers and the recovery pass", ""]
     lines += [
