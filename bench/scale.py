@@ -571,11 +571,12 @@ def recovery_ticks(s: Scale, n: int = 30) -> dict[str, Any]:
     pump = Pump()
     pump.tick(recheck=True)  # connections made, scripts loaded
     c0, p0 = commandstats(s.store), s.pgmon.snapshot()
-    samples = []
+    samples, cpu = [], []
     for _ in range(n):
-        t0 = time.perf_counter()
+        t0, c0_ = time.perf_counter(), time.thread_time()
         pump.tick(recheck=True)
         samples.append(time.perf_counter() - t0)
+        cpu.append(time.thread_time() - c0_)
     c1, p1 = commandstats(s.store), s.pgmon.snapshot()
     calls = diff(c1, c0)
     pg = Postgres.delta(p1, p0)
@@ -584,6 +585,9 @@ def recovery_ticks(s: Scale, n: int = 30) -> dict[str, Any]:
         "median_ms": _r(statistics.median(samples) * 1e3, 2),
         "p90_ms": _r(_pct(samples, 0.9) * 1e3, 2),  # type: ignore[operator]
         "max_ms": _r(max(samples) * 1e3, 2),
+        "min_ms": _r(min(samples) * 1e3, 2),
+        "cpu_median_ms": _r(statistics.median(cpu) * 1e3, 2),
+        "sql_server_ms_per_tick": _r(pg["statement_ms"] / n, 3),
         "redis_commands_per_tick": _r(sum(calls.values()) / n, 1),
         "redis_by_command": {k: round(v / n, 1) for k, v in calls.items()},
         "sql_statements_per_tick": _r(pg["statements"] / n, 1),

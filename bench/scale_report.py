@@ -184,9 +184,11 @@ def markdown(doc: dict[str, Any]) -> str:
     for key, label in (("recovery_1k", "1,000 keys"), ("recovery_full", "full scale")):
         r = d[key]
         lines.append(
-            f"\nRecovery pass at {label}: median {r['median_ms']} ms, p90 {r['p90_ms']} ms, max "
-            f"{r['max_ms']} ms over {r['ticks']} ticks; {r['redis_commands_per_tick']} Redis "
-            f"commands and {r['sql_statements_per_tick']} SQL statements per tick."
+            f"\nRecovery pass at {label}: median {r['median_ms']} ms (min {r.get('min_ms')}, "
+            f"p90 {r['p90_ms']}, max {r['max_ms']}) over {r['ticks']} ticks, of which this "
+            f"thread's CPU {r.get('cpu_median_ms')} ms (median); {r['redis_commands_per_tick']} "
+            f"Redis commands and {r['sql_statements_per_tick']} SQL statements per tick, "
+            f"{r.get('sql_server_ms_per_tick')} ms of SQL execution on the server."
         )
     sr = d["sizes_redis"]
     lines += [
