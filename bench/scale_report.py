@@ -209,7 +209,9 @@ def markdown(doc: dict[str, Any]) -> str:
         lines += ["", "### Profiles (cProfile in the benchmark process: read the shares)", ""]
         lines.append(
             "The recorder writing 500 runs' claim and finish records (`recorder.apply`, "
-            f"unprofiled): {prof['recorder_apply_500_runs_unprofiled_ms']} ms."
+            f"unprofiled): {prof['recorder_apply_500_runs_unprofiled_ms']} ms; one set-based "
+            "`UPDATE ... FROM unnest(...)` of the same 17 columns of the same 500 rows: "
+            f"{prof.get('one_set_based_update_of_the_same_500_rows_ms', '-')} ms."
         )
         for name, p in prof.items():
             if not isinstance(p, dict):
