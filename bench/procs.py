@@ -1,8 +1,10 @@
-"""Processes the comparison benchmark starts and always stops: Redis servers of its own (the
-broker's and the stats') and a Celery worker (prefork), each in its own process group."""
+"""Processes the benchmarks start and always stop: Redis servers of their own (the store's, the
+broker's and the stats'), a PostgreSQL server at its default settings (``bench/scale.py``), and
+Celery workers (prefork), each in its own process group; and CPU pinning of process trees."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import signal
@@ -11,6 +13,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -98,20 +101,30 @@ def _status_kb(pid: int, field: str) -> int:
 class Worker:
     """``celery -A bench.celery_app worker`` (prefork) in a process group of its own."""
 
-    def __init__(self, env: dict[str, str], log: Path, concurrency: int = 4) -> None:
+    def __init__(
+        self,
+        env: dict[str, str],
+        log: Path,
+        concurrency: int = 4,
+        *,
+        name: str | None = None,
+        app: str = "bench.celery_app",
+    ) -> None:
         self.env = env
         self.log = log
         self.concurrency = concurrency
+        self.name = name or f"bench-{os.getpid()}@localhost"
+        self.app = app
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, ready) -> None:
         """Start the worker; ``ready()`` says when it is consuming (set by ``worker_ready``)."""
         out = open(self.log, "ab")  # noqa: SIM115
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "bench.celery_app", "worker"]
+            [sys.executable, "-m", "celery", "-A", self.app, "worker"]
             + ["--pool", "prefork", "--concurrency", str(self.concurrency)]
             + ["--loglevel", "WARNING", "--without-gossip", "--without-mingle"]
-            + ["--without-heartbeat", "-Q", "bench", "-n", f"bench-{os.getpid()}@localhost"],
+            + ["--without-heartbeat", "-Q", "bench", "-n", self.name],
             cwd=ROOT,
             env=self.env,
             stdout=out,
@@ -171,3 +184,112 @@ class Worker:
         if self.proc.poll() is None:
             self.proc.wait(timeout=10)
         self.proc = None
+
+
+# -- PostgreSQL at its default settings --------------------------------------------------------
+
+
+def _services() -> object:
+    """``scripts/services.py`` (stdlib only) as a module: its package check and helpers."""
+    path = ROOT / "scripts" / "services.py"
+    spec = importlib.util.spec_from_file_location("bench_services", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class PostgresServer:
+    """A throwaway PostgreSQL 15 cluster on a free loopback port at its default settings: only
+    ``listen_addresses``, the port and the socket directory are set (``extra`` adds settings,
+    e.g. ``shared_preload_libraries``); fsync, synchronous_commit and the rest are as
+    ``initdb`` leaves them. Runs as the ``postgres`` user when started by root."""
+
+    def __init__(self, directory: Path, extra: dict[str, str] | None = None) -> None:
+        self.svc: Any = _services()
+        self.svc.ensure_packages()
+        self.directory = directory
+        self.port = free_port()
+        self.extra = dict(extra or {})
+        self.data = directory / "pg"
+        self.started = False
+
+    @property
+    def url(self) -> str:
+        return f"postgres://postgres@127.0.0.1:{self.port}/debounce"
+
+    @property
+    def settings(self) -> dict[str, str]:
+        return {
+            "listen_addresses": "'127.0.0.1'",
+            "port": str(self.port),
+            "unix_socket_directories": f"'{self.directory / 'pgsock'}'",
+            **self.extra,
+        }
+
+    def start(self) -> None:
+        svc = self.svc
+        sock, logfile = self.directory / "pgsock", self.directory / "pg.log"
+        for path in (self.data, sock):
+            path.mkdir(mode=0o700)
+        logfile.touch()
+        if svc.IS_ROOT:
+            os.chmod(self.directory, 0o755)
+            for path in (self.data, sock, logfile):
+                os.chown(path, *svc.pg_ids())
+        initdb = [f"{svc.PG_BIN}/initdb", "-D", str(self.data), "-U", "postgres", "-A", "trust"]
+        initdb += ["-E", "UTF8", "--locale=C.UTF-8"]
+        svc.run(initdb, as_postgres=True)
+        with open(self.data / "postgresql.conf", "a") as fh:
+            fh.write("\n# bench/procs.py: defaults but for these\n")
+            fh.writelines(f"{k} = {v}\n" for k, v in self.settings.items())
+        svc.run(
+            [f"{svc.PG_BIN}/pg_ctl", "-D", str(self.data), "-l", str(logfile), "-W", "start"],
+            as_postgres=True,
+        )
+        self.started = True
+        ready = [f"{svc.PG_BIN}/pg_isready", "-q", "-h", "127.0.0.1", "-p", str(self.port)]
+        _wait("postgres", lambda: svc.run(ready, check=False).returncode == 0, 60)
+        svc.run(
+            [f"{svc.PG_BIN}/psql", "-X", "-q", "-h", "127.0.0.1", "-p", str(self.port)]
+            + ["-U", "postgres", "-d", "postgres", "-v", "ON_ERROR_STOP=1"]
+            + ["-c", "CREATE DATABASE debounce"]
+        )
+
+    def postmaster_pid(self) -> int:
+        return int((self.data / "postmaster.pid").read_text().split()[0])
+
+    def stop(self) -> None:
+        if not self.started:
+            return
+        self.svc.run(
+            [f"{self.svc.PG_BIN}/pg_ctl", "-D", str(self.data), "-m", "immediate", "-w", "stop"],
+            as_postgres=True,
+            check=False,
+        )
+        self.started = False
+
+
+# -- CPU placement --------------------------------------------------------------------------
+
+
+def tree(pid: int) -> list[int]:
+    """``pid`` and its descendants."""
+    pids, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        pids.append(p)
+        todo.extend(_children(p))
+    return pids
+
+
+def pin_tree(pid: int, cpus: set[int] | None) -> None:
+    """Pin ``pid`` and its descendants (and, through inheritance, their future children) to
+    ``cpus``; ``None`` allows every CPU. Processes that went away meanwhile are skipped."""
+    allowed = cpus if cpus is not None else set(range(os.cpu_count() or 1))
+    for p in tree(pid):
+        try:
+            for tid in os.listdir(f"/proc/{p}/task"):
+                os.sched_setaffinity(int(tid), allowed)
+        except OSError:
+            pass

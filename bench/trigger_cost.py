@@ -41,6 +41,7 @@ from django.test import override_settings  # noqa: E402
 from django_redis import get_redis_connection  # noqa: E402
 
 from django_debounce import debounced_task  # noqa: E402
+from django_debounce.backends import get_backend  # noqa: E402
 from django_debounce.keys import key_hash  # noqa: E402
 from django_debounce.models import DebounceKey  # noqa: E402
 
@@ -142,9 +143,8 @@ def main() -> int:
     unpin(servers)
 
     row.refresh_from_db()
-    redis_pending = int(
-        redis.hget(f"debounce:{{{key_hash(reindex.name, reindex.resolve((1,), {})[0])}}}", "p")
-    )
+    state = get_backend("redis").state_key(key_hash(reindex.name, reindex.resolve((1,), {})[0]))
+    redis_pending = int(redis.hget(state, "p"))
     expected = 1 + made
     checks = {
         "redis pending == triggers made": redis_pending == expected,
