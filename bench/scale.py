@@ -50,6 +50,7 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Iterable
+from datetime import UTC
 from pathlib import Path
 from typing import Any
 
@@ -1114,14 +1115,13 @@ def set_based_update(task: Any, hashes: list[str]) -> None:
     columns of the same rows in one ``UPDATE ... FROM unnest(<one array per column>)``, the
     way ``backends/record.py`` writes openings (for the report; this app is not changed)."""
     from datetime import datetime, timedelta
-    from datetime import timezone as tz
 
     from django.db import connection
 
     from django_debounce.models import DebounceKey
 
     rows = list(DebounceKey.objects.filter(key_hash__in=hashes).values_list("id", flat=True))
-    now = datetime.now(tz.utc)
+    now = datetime.now(UTC)
     cols = {
         "state": ("text", ["idle"] * len(rows)),
         "pending": ("bigint", [0] * len(rows)),

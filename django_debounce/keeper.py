@@ -155,16 +155,19 @@ class LeaseKeeper:
         self.tracked.pop(request.id, None)
 
     def run(self) -> None:
-        from django.db import close_old_connections
+        from django.db import connections
+
+        from django_debounce.dbconn import tidy_thread_connections
 
         while not self._stop.is_set():
-            close_old_connections()
+            tidy_thread_connections()
             try:
                 every = self.tick()
             except Exception:
                 logger.exception("django_debounce: lease keeper tick failed")
                 every = 1.0
             self._stop.wait(every)
+        connections.close_all()  # this thread's own (connections are per thread)
 
     def start(self) -> None:
         self._stop.clear()

@@ -226,10 +226,12 @@ class Pump:
         """Tick until ``stop()``, sleeping between ticks (with up to 10% jitter, always
         shorter: a pump never wakes after the entry it sleeps for, nor later than the
         interval after its last peek)."""
-        from django.db import close_old_connections
+        from django.db import connections
+
+        from django_debounce.dbconn import tidy_thread_connections
 
         while not self._stop.is_set():
-            close_old_connections()
+            tidy_thread_connections()
             try:
                 sleep = self.tick()
             except Exception:  # a bad setting, a store down: log, wait, try again
@@ -239,6 +241,7 @@ class Pump:
                 self._stop.wait(sleep * (1 - random.random() * 0.1))
             elif not self._stop.is_set():
                 time.sleep(0)  # yield the GIL between back-to-back batches
+        connections.close_all()  # this thread's own (connections are per thread)
 
     def start(self) -> None:
         """Run the pump in a daemon thread of this process."""

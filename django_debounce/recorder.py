@@ -262,7 +262,8 @@ def _runs_of(
 def _write_runs(
     db: str, new_runs: dict[tuple[int, int], Any], ended: dict[tuple[int, int], _End]
 ) -> None:
-    """Insert the new runs, then end the runs claimed before: two statements at most."""
+    """Insert the new runs, then end the runs claimed before: three statements at most."""
+    from django_debounce.backends.record import update_rows
     from django_debounce.models import DebounceRun
 
     if new_runs:
@@ -284,10 +285,10 @@ def _write_runs(
         if covered is not None:
             run.triggers = covered  # a give-up covers only the attempted triggers
         changed.append(run)
-    if changed:
-        DebounceRun.objects.using(db).bulk_update(
-            changed, ["outcome", "finished_at", "error", "triggers"]
-        )
+    fields = ["outcome", "finished_at", "error", "triggers"]
+    update_rows(
+        db, DebounceRun, fields, [(r.pk, *(getattr(r, f) for f in fields)) for r in changed]
+    )
 
 
 # The DebounceKey fields a record sets (the Redis field legend, docs/design.md).
@@ -315,6 +316,7 @@ _KEY_FIELDS = [
 def _write_keys(db: str, rows: dict[str, Any], latest: dict[str, Record], grace: timedelta) -> None:
     """Set each key's row from its latest record (unless a later change reached the row
     first), in one statement; ``recheck_at`` is when the recheck compares it with Redis."""
+    from django_debounce.backends.record import update_rows
     from django_debounce.models import DebounceKey, DebounceRun
 
     keys = []
@@ -353,8 +355,8 @@ def _write_keys(db: str, rows: dict[str, Any], latest: dict[str, Record], grace:
         attention = row.running_until if row.running_until else row.due_at if r.pending else None
         row.recheck_at = attention + grace if attention is not None else None
         keys.append(row)
-    if keys:
-        DebounceKey.objects.using(db).bulk_update(keys, _KEY_FIELDS)
+    rows_ = [(row.pk, *(getattr(row, f) for f in _KEY_FIELDS)) for row in keys]
+    update_rows(db, DebounceKey, _KEY_FIELDS, rows_)
 
 
 class Recorder:
@@ -394,12 +396,15 @@ class Recorder:
                 logger.exception("django_debounce: recorder failed")
 
     def run(self) -> None:
-        from django.db import close_old_connections
+        from django.db import connections
+
+        from django_debounce.dbconn import tidy_thread_connections
 
         while not self._stop.is_set():
-            close_old_connections()
+            tidy_thread_connections()
             self.tick()
             self._stop.wait(0.5)
+        connections.close_all()  # this thread's own (connections are per thread)
 
     def start(self) -> None:
         self._stop.clear()
