@@ -180,6 +180,33 @@ class Sql:
             f" AND {q('run_id')} = %s AND {q('outcome')} = 'running'"
         )
 
+    def insert_keys(self, n: int) -> str:
+        """``insert_key`` of ``n`` rows (parameters: ``new_key``'s, row after row)."""
+        text = self._texts.get(("insert_keys", n))
+        if text is None:
+            one = "(" + ", ".join(["%s"] * len(self._new_fields)) + ")"
+            text = self._texts["insert_keys", n] = self.insert_key.replace(
+                f"VALUES {one}", f"VALUES {', '.join([one] * n)}"
+            )
+        return text
+
+    def select_keys(self, n: int) -> str:
+        """``select_key`` of ``n`` key hashes, without the clock, in key-hash order
+        (parameters: ``names_param``)."""
+        text = self._texts.get(("select_keys", 0 if self.pg else n))
+        if text is None:
+            where = "= ANY(%s)" if self.pg else f"IN ({self.names(n)})"
+            lock = " FOR UPDATE" if self.pg else ""
+            text = self._texts["select_keys", 0 if self.pg else n] = (
+                f"SELECT {columns()} FROM {q(KEY)} WHERE {q('key_hash')} {where}"
+                f" ORDER BY {q('key_hash')}{lock}"
+            )
+        return text
+
+    def names_param(self, values: list[str]) -> list[Any]:
+        """The parameters of an ``= ANY(%s)`` (PostgreSQL) or ``IN (...)`` list."""
+        return [values] if self.pg else list(values)
+
     # -- values ------------------------------------------------------------------------
 
     def time(self, us: int | None) -> Any:

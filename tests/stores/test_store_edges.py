@@ -17,10 +17,10 @@ from django.utils import timezone
 from django_debounce import conf
 from django_debounce.backends import get_backend
 from django_debounce.backends.base import LiveRun
-from django_debounce.keys import dumps
+from django_debounce.keys import dumps, key_hash
 from django_debounce.state import Finish, FireAction, FlightOptions
 from tests.support.peek import peek_database, peek_redis, us
-from tests.support.procs import take_from_processes
+from tests.support.procs import take_from_processes, trigger_from_processes
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -493,3 +493,80 @@ def test_a_cancelled_flight_leaves_the_index(store):
     assert view(store)["entry"] is None
     assert take(backend, 6, wait=5).dispatches == []
     assert backend.live_state(H)["pending"] == 0
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"leading": True}, {"leading": True, "trailing": False}, {"max_wait": 0.5},
+     {"collect_limit": 3}],
+    ids=["trailing", "leading", "leading-only", "max_wait", "collect"],
+)  # fmt: skip
+def test_trigger_many_is_the_same_triggers_one_by_one(store, options):
+    """A ``trigger_many`` batch (repeated keys, keys with no row, an open flight, a live run
+    and an idle key after a run) leaves every key as the same triggers made one by one at the
+    same time, and returns the same results and dispatches: two copies of the same keys, one
+    fed the batch, the other ``trigger`` after ``trigger``."""
+    backend = get_backend()
+    o = opts(**options)
+
+    def key_of(copy: int, i: int) -> str:
+        return hashed(1000 * copy + i)
+
+    def payload(n: int) -> str:
+        return dumps({"n": n} if o.collect else [n])
+
+    for copy in (1, 2):  # the same history for both copies
+        trig(backend, 1, 0.0, key_hash=key_of(copy, 1), **options)  # open flight
+        trig(backend, 2, 0.0, key_hash=key_of(copy, 2), **options)  # live run at 1.0
+        trig(backend, 3, 0.0, key_hash=key_of(copy, 3), **options)  # idle after a run
+        for i in (2, 3):
+            d = fire(backend, 0.4, key_hash=key_of(copy, i), **options)
+            assert d.action is FireAction.CLAIM, d
+        backend.finish(
+            key_of(copy, 3), d.claim.run_id, Finish(ok=True), task_name=TASK, options=o,
+            now=at(0.5),
+        )  # fmt: skip
+    order = [0, 1, 0, 2, 3, 1, 4, 0, 3]  # 0 and 4: no row yet
+    items = [(f"edge:{i}", key_of(1, i), payload(n)) for n, i in enumerate(order)]
+    many = backend.trigger_many(task_name=TASK, items=items, options=o, now=at(1.0))
+    one_by_one = [
+        backend.trigger(
+            task_name=TASK, key=f"edge:{i}", key_hash=key_of(2, i), payload_json=payload(n),
+            options=o, now=at(1.0),
+        )
+        for n, i in enumerate(order)
+    ]  # fmt: skip
+
+    def seen(pair: Any) -> tuple:
+        result, dispatch = pair
+        shown = asdict(result)
+        sent = None if dispatch is None else (dispatch.seq, dispatch.countdown, dispatch.store)
+        return shown, sent
+
+    assert [seen(p) for p in many] == [seen(p) for p in one_by_one]
+    for i in sorted(set(order)):
+        assert view(store, key_of(1, i), o.collect) == view(store, key_of(2, i), o.collect), i
+
+
+def test_trigger_many_from_several_processes_counts_every_trigger_once(store):
+    """Four processes each send five ``trigger_many`` batches of the same 300 keys (150 new
+    per process first), in orders of their own: no batch waits on another for ever (the
+    database store locks rows in key-hash order), and each key counts every trigger once
+    (I6), in one flight."""
+    import random
+
+    from tests.testapp.tasks import record_slow  # wait 60 s: nothing comes due meanwhile
+
+    tags = [f"many-{j}" for j in range(300)]
+    per_process = []
+    for p in range(4):
+        order = tags[:]
+        random.Random(p).shuffle(order)
+        per_process.append([[[t] for t in order] for _ in range(5)])
+    errors = trigger_from_processes("record_slow", per_process, many=True)
+    assert errors == []
+    backend = get_backend()
+    for tag in tags:
+        key = record_slow.resolve((tag,), {})[0]
+        live = backend.live_state(key_hash(record_slow.name, key))
+        assert (live["pending"], live["triggers"], live["flight_id"]) == (20, 20, 1), tag

@@ -11,7 +11,13 @@ from typing import Any
 
 
 def _child(
-    task_name: str, calls: list[list[Any]], pause: float, barrier: Any, out: Any, backend: str
+    task_name: str,
+    calls: list[list[Any]],
+    pause: float,
+    barrier: Any,
+    out: Any,
+    backend: str,
+    many: bool = False,
 ) -> None:
     os.environ["DEBOUNCE_TEST_WORKER"] = "1"  # use the test database, like the worker does
     os.environ["DEBOUNCE_TEST_BACKEND"] = backend
@@ -20,6 +26,7 @@ def _child(
 
     django.setup()
     import tests.celery_app  # noqa: F401
+    from django_debounce import trigger_many
     from tests.testapp import tasks
 
     task = getattr(tasks, task_name)
@@ -27,7 +34,10 @@ def _child(
     barrier.wait(timeout=60)
     for args in calls:
         try:
-            task.trigger(*args)
+            if many:
+                trigger_many(task, [tuple(item) for item in args])
+            else:
+                task.trigger(*args)
         except Exception as exc:  # reported to the test, which fails on any
             errors.append(f"{type(exc).__name__}: {exc}")
         if pause:
@@ -36,10 +46,16 @@ def _child(
 
 
 def trigger_from_processes(
-    task_name: str, per_process: list[list[list[Any]]], *, pause: float = 0.0, timeout: float = 120
+    task_name: str,
+    per_process: list[list[list[Any]]],
+    *,
+    pause: float = 0.0,
+    timeout: float = 120,
+    many: bool = False,
 ) -> list[str]:
     """Run ``task.trigger(*args)`` for each ``args`` of ``per_process[i]`` in process ``i``,
-    all processes starting together. Returns every error raised in any process."""
+    all processes starting together (``many``: each ``args`` is a list of argument lists, one
+    ``trigger_many`` call). Returns every error raised in any process."""
     from django.conf import settings
 
     ctx = multiprocessing.get_context("spawn")
@@ -47,7 +63,8 @@ def trigger_from_processes(
     out = ctx.Queue()
     procs = [
         ctx.Process(
-            target=_child, args=(task_name, calls, pause, barrier, out, settings.DEBOUNCE_BACKEND)
+            target=_child,
+            args=(task_name, calls, pause, barrier, out, settings.DEBOUNCE_BACKEND, many),
         )
         for calls in per_process
     ]
