@@ -288,3 +288,42 @@ def test_check_w006_warns_when_the_state_redis_may_evict(state_redis, settings):
 
     state_redis.config_set("maxmemory-policy", "noeviction")
     assert w006() == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_worker_threads_keep_their_database_connection_between_ticks():
+    """With ``CONN_MAX_AGE = 0`` (Django's default) ``close_old_connections()`` closes every
+    connection; the pump's, the lease keeper's and the recorder's threads call
+    ``tidy_thread_connections()`` before each tick instead: the connection of one tick is the
+    connection of the next, and Django's age rule is applied once every ``REFRESH`` s."""
+    import threading
+
+    from django.db import connections
+
+    from django_debounce.dbconn import REFRESH, tidy_thread_connections
+
+    alias = "default"
+    assert connections[alias].settings_dict["CONN_MAX_AGE"] == 0  # the suite's: Django's default
+    seen: list[Any] = []
+    failures: list[BaseException] = []
+
+    def thread() -> None:  # connections are per thread: a thread of its own, as the pump's
+        try:
+            conn = connections[alias]
+            for now in (1e9, 1e9 + 1, 1e9 + REFRESH / 2, 1e9 + REFRESH + 1):
+                tidy_thread_connections(now=now)
+                seen.append(conn.connection)  # the connection this tick starts with
+                with conn.cursor() as cursor:
+                    cursor.execute("SELECT 1")
+            conn.close()
+        except BaseException as exc:  # reported to the test
+            failures.append(exc)
+
+    t = threading.Thread(target=thread)
+    t.start()
+    t.join(timeout=30)
+    assert failures == []
+    first, second, third, after_refresh = seen
+    assert first is None  # the thread's first tick: not connected yet
+    assert second is not None and third is second  # kept from tick to tick
+    assert after_refresh is None  # REFRESH later: closed by CONN_MAX_AGE = 0
