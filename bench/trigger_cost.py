@@ -8,7 +8,11 @@ Measures, on the same servers and in interleaved rounds (so machine noise hits a
 - ``redis_incr``: raw redis-py ``INCR`` on the same server (the floor);
 - ``handwritten``: the common snippet, ``INCR`` plus ``apply_async(countdown=...)`` per trigger;
 - ``db_trigger``: a merged ``trigger()`` on the database store, PostgreSQL;
-- ``pg_update``: one ``UPDATE ... SET n = n + 1`` on a row of the same table (the floor).
+- ``pg_update``: one ``UPDATE ... SET n = n + 1`` on a row of the same table (the floor);
+- ``redis_open`` and ``db_open``: a ``trigger()`` that opens a flight (a key new to the store,
+  its durable row included; ``wait`` is an hour, so the flight waits in the due index);
+- ``bare_delay``: a bare Celery ``.delay()`` of a plain task on the same broker (the limit of
+  an opening trigger).
 
 Each is measured in two CPU placements (see ``placements``): client and servers on separate
 cores, where the targets are judged, then all on one core. Writes
@@ -55,6 +59,8 @@ TARGETS = {
     "redis_trigger / redis_incr": ("<=", 1.3),
     "handwritten / redis_trigger": (">=", 4.0),
     "db_trigger / pg_update": ("<=", 2.0),
+    "redis_open / bare_delay": ("<=", 2.5),
+    "db_open / bare_delay": ("<=", 2.5),
 }
 
 
@@ -100,6 +106,17 @@ def main() -> int:
     def db_trigger():
         reindex.trigger(2)
 
+    fresh = iter(range(10_000_000, 100_000_000))  # a key new to both stores each time
+
+    def redis_open():
+        reindex.trigger(next(fresh))
+
+    def db_open():
+        reindex.trigger(next(fresh))
+
+    def bare_delay():
+        reindex_plain.delay(4)
+
     def redis_incr():
         redis.incr("bench:counter")
 
@@ -113,8 +130,20 @@ def main() -> int:
     def pg_update():
         cursor.execute(f"UPDATE {table} SET triggers = triggers + 1 WHERE id = %s", [floor_pk])
 
-    variants = {"redis_incr": redis_incr, "pg_update": pg_update, "handwritten": handwritten}
-    names = ("redis_trigger", "db_trigger", *variants)
+    variants = {
+        "redis_incr": redis_incr,
+        "pg_update": pg_update,
+        "handwritten": handwritten,
+        "bare_delay": bare_delay,
+    }
+    stored = {  # measured under their store's setting
+        "redis_trigger": ("redis", redis_trigger),
+        "db_trigger": ("database", db_trigger),
+        "redis_open": ("redis", redis_open),
+        "db_open": ("database", db_open),
+    }
+    names = (*stored, *variants)
+    load_before = os.getloadavg()
     with connection.cursor() as c:
         c.execute("SELECT pg_backend_pid()")
         pg_pid = c.fetchone()[0]
@@ -124,18 +153,16 @@ def main() -> int:
     for placement, client_cpus, server_cpus in placements():
         pinned = pin(client_cpus, server_cpus, servers)
         samples: dict[str, list[float]] = {name: [] for name in names}
-        with override_settings(DEBOUNCE_BACKEND="redis"):
-            per_op(redis_trigger, 200)
-        with override_settings(DEBOUNCE_BACKEND="database"):
-            per_op(db_trigger, 200)
+        for backend, fn in stored.values():
+            with override_settings(DEBOUNCE_BACKEND=backend):
+                per_op(fn, 200)
         for fn in variants.values():
             per_op(fn, 200)
         made += 200
         for _ in range(ROUNDS):
-            with override_settings(DEBOUNCE_BACKEND="redis"):
-                samples["redis_trigger"].append(per_op(redis_trigger, N))
-            with override_settings(DEBOUNCE_BACKEND="database"):
-                samples["db_trigger"].append(per_op(db_trigger, N))
+            for name, (backend, fn) in stored.items():
+                with override_settings(DEBOUNCE_BACKEND=backend):
+                    samples[name].append(per_op(fn, N))
             for name, fn in variants.items():
                 samples[name].append(per_op(fn, N if name != "handwritten" else N // 3))
             made += N
@@ -158,6 +185,7 @@ def main() -> int:
             "cpus": os.cpu_count(),
             "platform": platform.platform(),
         },
+        "load_average": {"before": list(load_before), "after": list(os.getloadavg())},
         "rounds": ROUNDS,
         "n": N,
         "targets": {k: f"{op} {limit}" for k, (op, limit) in TARGETS.items()},
@@ -280,7 +308,9 @@ def render(result: dict) -> list[str]:
         "",
         f"Targets are judged on the first placement ({result['targets_judged_on']}). "
         f"{ROUNDS} rounds of {N} triggers per placement, {result['when']}, "
-        f"Python {platform.python_version()}, {os.cpu_count()} CPUs; command: scripts/bench",
+        f"Python {platform.python_version()}, {os.cpu_count()} CPUs; load average (1/5/15 "
+        f"min) {result['load_average']['before']} before, {result['load_average']['after']} "
+        "after; command: scripts/bench",
     ]
     return lines
 

@@ -906,10 +906,12 @@ class DatabaseBackend(BaseBackend):
                     for k in (_Key(row, cfg, retake, direct) for row in cursor.fetchall())
                 }
                 counted: set[str] = set()
+                adopted: set[str] = set()
                 for key, hashed, payload_json in chunk:
                     k = held[hashed]
-                    if k.store != "database" and hashed not in counted:
-                        k.adopt()
+                    if k.store != "database" and hashed not in adopted:
+                        k.adopt()  # once: its store column changes with the writes below
+                        adopted.add(hashed)
                     how, msg = k.trigger(at, payload_json)
                     if how != "merged":
                         counted.add(hashed)  # its index entry is written (as trigger's)

@@ -570,3 +570,42 @@ def test_trigger_many_from_several_processes_counts_every_trigger_once(store):
         key = record_slow.resolve((tag,), {})[0]
         live = backend.live_state(key_hash(record_slow.name, key))
         assert (live["pending"], live["triggers"], live["flight_id"]) == (20, 20, 1), tag
+
+
+@pytest.mark.django_db(transaction=True)
+def test_database_trigger_many_takes_over_a_row_redis_holds_as_trigger_does():
+    """The ``auto`` store's fallback: a batch on the database store for keys whose rows hold
+    a Redis flight takes each row over once (``_Key.adopt``), as the same triggers one by
+    one do."""
+    from django.test import override_settings
+
+    with override_settings(DEBOUNCE_BACKEND="redis"):
+        redis_store = get_backend()
+        for copy in (1, 2):
+            trig(redis_store, 1, 0.0, key_hash=hashed(2000 + copy))
+    assert {view("database", hashed(2000 + c))["pending"] for c in (1, 2)} == {1}
+    with override_settings(DEBOUNCE_BACKEND="database"):
+        db = get_backend()
+        o = opts()
+        payloads = [dumps([n]) for n in (2, 3, 4)]
+        many = db.trigger_many(
+            task_name=TASK,
+            items=[("edge:x", hashed(2001), p) for p in payloads],
+            options=o,
+            now=at(1.0),
+        )
+        one_by_one = [
+            db.trigger(
+                task_name=TASK, key="edge:x", key_hash=hashed(2002), payload_json=p, options=o,
+                now=at(1.0),
+            )
+            for p in payloads
+        ]  # fmt: skip
+
+        def seen(pair: Any) -> tuple:
+            result, d = pair
+            return asdict(result), d and (d.seq, d.countdown, d.store)
+
+        assert [seen(p) for p in many] == [seen(p) for p in one_by_one]
+        assert [r.pending for r, _d in many] == [1, 2, 3]  # the Redis flight's stays Redis's
+        assert view("database", hashed(2001)) == view("database", hashed(2002))
