@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
 from django.db import close_old_connections, connections
 
@@ -33,3 +34,17 @@ def tidy_thread_connections(now: float | None = None) -> None:
     for conn in connections.all(initialized_only=True):
         if conn.connection is not None and conn.errors_occurred and not conn.is_usable():
             conn.close()
+
+
+def closing(run: Callable[[], None]) -> Callable[[], None]:
+    """``run``, then close the connections it opened in its thread (a thread's connections
+    are its own; Django never closes those of a thread that ends). For ``Thread(target=...)``
+    of the worker's threads; ``run`` itself leaves the caller's connections open."""
+
+    def target() -> None:
+        try:
+            run()
+        finally:
+            connections.close_all()
+
+    return target

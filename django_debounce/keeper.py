@@ -155,8 +155,6 @@ class LeaseKeeper:
         self.tracked.pop(request.id, None)
 
     def run(self) -> None:
-        from django.db import connections
-
         from django_debounce.dbconn import tidy_thread_connections
 
         while not self._stop.is_set():
@@ -167,12 +165,13 @@ class LeaseKeeper:
                 logger.exception("django_debounce: lease keeper tick failed")
                 every = 1.0
             self._stop.wait(every)
-        connections.close_all()  # this thread's own (connections are per thread)
 
     def start(self) -> None:
+        from django_debounce.dbconn import closing
+
         self._stop.clear()
         self.thread = threading.Thread(
-            target=self.run, name="django-debounce lease keeper", daemon=True
+            target=closing(self.run), name="django-debounce lease keeper", daemon=True
         )
         self.thread.start()
 

@@ -226,8 +226,6 @@ class Pump:
         """Tick until ``stop()``, sleeping between ticks (with up to 10% jitter, always
         shorter: a pump never wakes after the entry it sleeps for, nor later than the
         interval after its last peek)."""
-        from django.db import connections
-
         from django_debounce.dbconn import tidy_thread_connections
 
         while not self._stop.is_set():
@@ -241,12 +239,15 @@ class Pump:
                 self._stop.wait(sleep * (1 - random.random() * 0.1))
             elif not self._stop.is_set():
                 time.sleep(0)  # yield the GIL between back-to-back batches
-        connections.close_all()  # this thread's own (connections are per thread)
 
     def start(self) -> None:
         """Run the pump in a daemon thread of this process."""
+        from django_debounce.dbconn import closing
+
         self._stop.clear()
-        self.thread = threading.Thread(target=self.run, name="django-debounce pump", daemon=True)
+        self.thread = threading.Thread(
+            target=closing(self.run), name="django-debounce pump", daemon=True
+        )
         self.thread.start()
 
     def stop(self, timeout: float = 10.0) -> None:

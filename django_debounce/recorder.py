@@ -396,20 +396,19 @@ class Recorder:
                 logger.exception("django_debounce: recorder failed")
 
     def run(self) -> None:
-        from django.db import connections
-
         from django_debounce.dbconn import tidy_thread_connections
 
         while not self._stop.is_set():
             tidy_thread_connections()
             self.tick()
             self._stop.wait(0.5)
-        connections.close_all()  # this thread's own (connections are per thread)
 
     def start(self) -> None:
+        from django_debounce.dbconn import closing
+
         self._stop.clear()
         self.thread = threading.Thread(
-            target=self.run, name="django-debounce recorder", daemon=True
+            target=closing(self.run), name="django-debounce recorder", daemon=True
         )
         self.thread.start()
 

@@ -230,6 +230,7 @@ def test_status_pumps_asks_the_workers_through_remote_control(worker, unique_tag
 DEPRECATED = ("DEBOUNCE_RECOVERY_INTERVAL", "DEBOUNCE_REARM_HOLD", "DEBOUNCE_REDIS_TTL")
 
 
+@pytest.mark.django_db  # run_checks() runs the model checks, which may ask the database
 def test_check_w005_names_each_deprecated_setting_that_is_set(settings):
     for name in DEPRECATED:
         if hasattr(django_settings, name):
@@ -270,6 +271,7 @@ def w006() -> list[checks.CheckMessage]:
     return [m for m in eviction_warnings() if m.id == "django_debounce.W006"]
 
 
+@pytest.mark.django_db  # run_checks() runs the model checks, which may ask the database
 def test_check_w006_warns_when_the_state_redis_may_evict(state_redis, settings):
     settings.DEBOUNCE_BACKEND = "auto"  # the auto store keeps its keys in this Redis
     state_redis.config_set("maxmemory-policy", "noeviction")
