@@ -65,6 +65,7 @@ DEPRECATED: dict[str, str] = {
 
 
 _cache: dict[str, Any] = {}
+generation = 0  # bumped by every change of a DEBOUNCE_ setting (caches elsewhere key on it)
 
 
 def get(name: str) -> Any:
@@ -82,8 +83,10 @@ def get(name: str) -> Any:
 
 @receiver(setting_changed)
 def _reset(*, setting: str, **kwargs: Any) -> None:
+    global generation
     if setting.startswith("DEBOUNCE_"):
         _cache.clear()
+        generation += 1
 
 
 # The shortest DEBOUNCE_PUMP_INTERVAL (a pump that never sleeps would spin on its store).

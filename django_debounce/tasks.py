@@ -146,7 +146,19 @@ class DebouncedTask(Task):
     def flight_options(self) -> FlightOptions:
         """The task's configuration as the stores need it (read when used, so
         ``override_settings`` of ``DEBOUNCE_DEFAULT_WAIT`` and ``DEBOUNCE_LEASE`` applies).
-        ``max_wait`` is never below ``wait``, as lodash's ``maxWait``."""
+        ``max_wait`` is never below ``wait``, as lodash's ``maxWait``.
+
+        Kept until a ``DEBOUNCE_`` setting or the task's ``time_limit`` changes: every
+        trigger asks, and reading Celery's ``task_time_limit`` costs about 30 us (Celery's
+        configuration is read once per settings change, as it is fixed once the app runs)."""
+        cached = self.__dict__.get("_flight_options_cache")
+        if cached is not None and cached[0] == (conf.generation, self.time_limit):
+            return cached[1]  # type: ignore[no-any-return]
+        options = self._flight_options()
+        self.__dict__["_flight_options_cache"] = ((conf.generation, self.time_limit), options)
+        return options
+
+    def _flight_options(self) -> FlightOptions:
         wait = self.wait
         max_wait = self.debounce_max_wait
         if max_wait is not None and max_wait < wait:

@@ -305,6 +305,8 @@ def seed_many(
                 for row in returned:
                     out[row[0]] = _seed_of(connection, row[1:])
             held = [key_hash for key_hash, *_rest in items if key_hash not in out]
+            if not held:
+                return out  # (an empty filter still costs a query's compilation)
             for key_hash, *counters in (
                 DebounceKey.objects.using(db)
                 .filter(key_hash__in=held)
