@@ -142,9 +142,17 @@ def _constants(vendor: str) -> dict[str, str]:
 def _insert(vendor: str, table: str, rows: int) -> str:
     """``INSERT INTO table (...) <rows of VARYING values and the constants>``: on PostgreSQL
     one ``SELECT ... FROM unnest(<one array per column>)`` whatever the number of rows (the
-    statement's parameters do not grow with it); elsewhere a ``VALUES`` list."""
+    statement's parameters do not grow with it), or one row of scalars; elsewhere a
+    ``VALUES`` list."""
     constants = _constants(vendor)
     names = [*VARYING, *constants]
+    if vendor == "postgresql" and rows == 1:
+        # one row (a single trigger): scalars, cheaper to send than 15 one-element arrays
+        one = ", ".join(f"%s::{kind}" for kind in VARYING.values())
+        return (
+            f"INSERT INTO {table} ({', '.join(names)}) "
+            f"VALUES ({one}, {', '.join(constants.values())})"
+        )
     if vendor == "postgresql":
         arrays = ", ".join(
             f"%s::{'text' if kind == 'jsonb' else kind}[]" for kind in VARYING.values()
@@ -214,6 +222,8 @@ def _params(connection: Any, rows: list[dict[str, Any]]) -> list[Any]:
     """The parameters of ``_insert``: on PostgreSQL one list per column, elsewhere the values
     row after row (times as the database adapter stores them)."""
     if connection.vendor == "postgresql":
+        if len(rows) == 1:
+            return [rows[0][name] for name in VARYING]
         return [[row[name] for row in rows] for name in VARYING]
     adapt = partial(adapt_time, connection.ops)
     out: list[Any] = []
