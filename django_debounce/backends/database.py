@@ -780,13 +780,20 @@ class DatabaseBackend(BaseBackend):
         task_name)``, is given and there is none); returns it and now in microseconds.
         ``options=None``: a step that needs none of them but the row's ``overlap``."""
         retake, direct = self._limits()
-        if create is not None and not sql.pg:
-            # SQLite: the insert is the first statement (takes the write lock at once)
+        row = None
+        if create is not None:
+            # the row's creation times are rewritten by the step's writes (updated_at)
             clock = to_us(now) if now is not None else time.time_ns() // 1000
             assert clock is not None
-            cursor.execute(sql.insert_key, sql.new_key(create[0], key_hash, create[1], clock))
-        cursor.execute(sql.select_key, [key_hash])
-        row = cursor.fetchone()
+            new = sql.new_key(create[0], key_hash, create[1], clock)
+            if sql.pg:  # one statement for a new row and an existing one alike
+                cursor.execute(sql.insert_or_select_key, [*new, key_hash])
+                row = cursor.fetchone()
+            else:  # SQLite: the insert is the first statement (takes the write lock at once)
+                cursor.execute(sql.insert_key, new)
+        if row is None:
+            cursor.execute(sql.select_key, [key_hash])
+            row = cursor.fetchone()
         if row is None and create is not None:
             clock = to_us(now) if now is not None else None
             if clock is None:

@@ -158,6 +158,16 @@ class Sql:
             f"INSERT INTO {q(KEY)} ({', '.join(q(f.column) for f in new)})"
             f" VALUES ({', '.join(['%s'] * len(new))}) ON CONFLICT ({q('key_hash')}) DO NOTHING"
         )
+        # PostgreSQL: make the row if there is none and lock and read it, in one statement.
+        # The insert's RETURNING gives a new row; the sub-select (the snapshot before the
+        # insert) an existing one, locked. A row another transaction made and committed after
+        # this statement began is in neither: the caller reads it with select_key.
+        self.insert_or_select_key = (
+            f"WITH ins AS ({self.insert_key} RETURNING clock_timestamp(), {cols})"
+            " SELECT * FROM ins UNION ALL SELECT * FROM ("
+            f"SELECT clock_timestamp(), {cols} FROM {q(KEY)} WHERE {q('key_hash')} = %s"
+            " FOR UPDATE) AS s"
+        )
         # SQLite: a first statement that writes (and changes nothing) takes the database's
         # write lock at once, waiting with the busy timeout, when transactions are DEFERRED.
         self.write_lock = f"UPDATE {q(DUE)} SET {q('due_at')} = {q('due_at')} WHERE 0"
