@@ -65,6 +65,7 @@ from bench.procs import (  # noqa: E402
     pin_tree,
     tree,
 )
+from bench.report import _pct, _r  # noqa: E402  (percentile and rounding, shared)
 
 
 def _int(name: str, default: int) -> int:
@@ -94,17 +95,6 @@ CLIENT_ONLY = {"evalsha", "eval", "mget", "lpop", "script|load", "ping", "hello"
 
 def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def _pct(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    values = sorted(values)
-    return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
-
-
-def _r(value: float | None, digits: int = 1) -> float | None:
-    return None if value is None else round(value, digits)
 
 
 # -- what the bodies noted --------------------------------------------------------------------
