@@ -185,7 +185,7 @@ def _rows_of(db: str, records: list[Record]) -> dict[str, Any]:
     from django_debounce.models import DebounceKey
 
     hashes = {r.key_hash for r in records}
-    fields = ("pk", "key_hash", "updated_at", "last_outcome", "store", "state")
+    fields = ("pk", "key_hash", "updated_at", "last_outcome", "store", "state", "recheck_at")
     keys = DebounceKey.objects.using(db)
     # locked: a row the database store holds (it took the key over during a Redis outage and
     # has a flight or run there) keeps its state; only its runs are recorded (_write_keys)
@@ -320,13 +320,20 @@ def _write_keys(db: str, rows: dict[str, Any], latest: dict[str, Record], grace:
     from django_debounce.models import DebounceKey, DebounceRun
 
     keys = []
+    forget = []
     for key_hash, r in latest.items():
         row = rows[key_hash]
         at = _dt(r.at)
+        if row.store == "database" and row.state != DebounceKey.State.IDLE:
+            # the database store's flight: never overwritten from Redis; once Redis says the
+            # key is idle, no flight of Redis is left beside it (record.mark_beside)
+            beside = row.recheck_at
+            if beside is not None and at is not None and at >= beside:
+                if not r.pending and not r.running_until:
+                    forget.append((row.pk, at))
+            continue
         if row.updated_at is not None and at is not None and row.updated_at > at:
             continue  # a later change reached the row first
-        if row.store == "database" and row.state != DebounceKey.State.IDLE:
-            continue  # the database store's flight: never overwritten from Redis
         row.state = (
             DebounceKey.State.RUNNING
             if r.running_until
@@ -357,6 +364,10 @@ def _write_keys(db: str, rows: dict[str, Any], latest: dict[str, Record], grace:
         keys.append(row)
     rows_ = [(row.pk, *(getattr(row, f) for f in _KEY_FIELDS)) for row in keys]
     update_rows(db, DebounceKey, _KEY_FIELDS, rows_)
+    for pk, at in forget:  # rare: records of Redis beside a database store's flight
+        DebounceKey.objects.using(db).filter(pk=pk, store="database", recheck_at__lte=at).update(
+            recheck_at=None
+        )
 
 
 class Recorder:

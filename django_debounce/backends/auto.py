@@ -20,7 +20,7 @@ from django.conf import settings
 from django_debounce import conf, observe
 from django_debounce.backends.base import BaseBackend, Taken, TriggerManyError
 from django_debounce.backends.database import DatabaseBackend
-from django_debounce.backends.errors import redis_unavailable
+from django_debounce.backends.errors import redis_unavailable, unopened
 from django_debounce.state import FireAction
 
 logger = logging.getLogger("django_debounce")
@@ -58,6 +58,7 @@ class AutoBackend(BaseBackend):
 
     def __init__(self) -> None:
         self.database = DatabaseBackend()
+        self.database.redis_beside = lambda: self.redis is not None
         self._redis: Any = None
         self._down_until = 0.0
         self._in_outage = False
@@ -124,6 +125,7 @@ class AutoBackend(BaseBackend):
 
     def trigger(self, **kwargs: Any):  # type: ignore[override]
         redis = self._usable()
+        unopened_: frozenset[str] = frozenset()
         if redis is not None:
             try:
                 out = redis.trigger(**kwargs)
@@ -132,6 +134,7 @@ class AutoBackend(BaseBackend):
                     raise  # a bug (a script error), not a Redis that cannot take the write
                 self._failed(exc)
                 observe.fallback(kwargs["task_name"])
+                unopened_ = unopened(exc)
             else:
                 self._recovered()
                 return out
@@ -139,7 +142,7 @@ class AutoBackend(BaseBackend):
             with stats.lock:
                 stats.fallbacks += 1
             observe.fallback(kwargs["task_name"])
-        return self.database.trigger(**kwargs)
+        return self.database.trigger(**kwargs, unopened=unopened_)
 
     def trigger_many(self, *, task_name, items, options, now=None):
         redis = self._usable()
@@ -157,7 +160,11 @@ class AutoBackend(BaseBackend):
             self._failed(next(iter(exc.errors.values())))
             out = list(exc.results)
             redone = self.database.trigger_many(
-                task_name=task_name, items=[items[i] for i in failed], options=options, now=now
+                task_name=task_name,
+                items=[items[i] for i in failed],
+                options=options,
+                now=now,
+                unopened=unopened(exc),
             )
             for i, result in zip(failed, redone, strict=True):
                 out[i] = result

@@ -40,7 +40,7 @@ from __future__ import annotations
 import copy
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -196,6 +196,7 @@ class _Key:
     state: str
     store: str
     last_outcome: str
+    beside: int | None
 
     def __init__(self, row: Sequence[Any], cfg: _Cfg | None, retake: int, direct: int) -> None:
         self.pk, self.key_hash, self.key, self.task_name = row[: len(HEAD)]
@@ -208,6 +209,7 @@ class _Key:
         self.events: list[int] = []  # run ids lost in this step
         self.covered: int | None = None  # triggers a give-up covered (finish)
         self.extra: dict[str, Any] = {}  # other columns to write (adopt)
+        self.handed = False  # handed back to the Redis store (hand_back)
         orig = []
         for (attr, _col, kind), value in zip(FIELDS, row[len(HEAD) :], strict=True):
             if kind == TIME:
@@ -231,6 +233,8 @@ class _Key:
             orig.append(value)
             setattr(self, attr, value)
         self._orig = orig
+        # the last payload the row knows (hand_back): the open flight's, else the last claim's
+        self.last_payload = self.payload if self.payload is not None else self.run_payload
         if self.pending and self.anchor is None:
             self.anchor = self.first  # rows written before the anchor existed
         self.overlap = cfg.overlap
@@ -243,7 +247,7 @@ class _Key:
         self.state = (
             RUNNING if self.running_until is not None else PENDING if self.pending else IDLE
         )
-        self.store = "database"
+        self.store = "redis" if self.handed else "database"
         cols: list[str] = []
         values: list[Any] = []
         for (attr, col, kind), old in zip(FIELDS, self._orig, strict=True):
@@ -419,9 +423,12 @@ class _Key:
     def current(self, run_id: int) -> bool:
         return self.run_id == run_id and self.running_until is not None
 
-    def adopt(self) -> None:
+    def adopt(self, now: int, beside: bool) -> None:
         """Take over a row whose live state is in Redis (a trigger during a Redis outage):
-        the flight in Redis stays Redis's; this store opens its own."""
+        the flight in Redis stays Redis's; this store opens its own. With ``beside`` (the
+        ``auto`` store), a Redis flight the row recorded is remembered (``beside``: since
+        ``now``), so the row goes back to Redis when this store's flight ends (``hand_back``)."""
+        self.beside = now if beside and self.state != IDLE else None
         self.pending = 0
         self.payload = None
         self.first = self.last = self.anchor = self.due = None
@@ -431,7 +438,33 @@ class _Key:
         self.taken = False
         self.taken_at = None
         self.end_run()
-        self.extra = {"recheck_at": None, "watchdog_at": None, "merge_until": None}
+        self.extra = {"watchdog_at": None, "merge_until": None}
+
+    def hand_back(self, now: int) -> bool:
+        """This store's flight ended and Redis may hold a flight of the key that the row does
+        not record (``beside``: the row was taken over from a live Redis flight, or Redis
+        opened one while this store held the row, and no idle record of Redis came later):
+        the row goes back to the Redis store as a flight of one trigger, due now, to recheck
+        now. The recheck (``RedisBackend.recheck``) brings it to what Redis holds, or, when
+        Redis lost that state, rebuilds and runs the flight (at least once, docs/design.md
+        "Failover"). Returns whether it was handed back."""
+        if self.beside is None or self.pending or self.running_until is not None:
+            return False
+        payload = self.payload if self.payload is not None else self.last_payload
+        self.handed = True
+        self.flight_id += 1
+        self.pending = 1
+        self.triggers += 1
+        self.first = self.last = self.anchor = self.due = now
+        self.bound = None
+        self.due_fixed = False
+        self.taken = False
+        self.taken_at = None
+        self.attempt = self.attempted = 0
+        self.not_before = None
+        self.payload = [] if self.cfg.collect else payload
+        self.beside = now
+        return True
 
     # -- operations (KeyModel's) -------------------------------------------------------------
 
@@ -730,6 +763,13 @@ class DatabaseBackend(BaseBackend):
     name = "database"
     store = "d"
     MANY = 500  # triggers per transaction of trigger_many
+    # Set by the auto store: whether a Redis store may hold flights beside this one (rows the
+    # database store took over go back to Redis when its flight ends: _Key.hand_back).
+    redis_beside: Callable[[], bool] | None = None
+
+    def beside_redis(self) -> bool:
+        """Whether a Redis store works beside this one (the ``auto`` store with Redis)."""
+        return self.redis_beside is not None and self.redis_beside()
 
     # -- plumbing ---------------------------------------------------------------------------
 
@@ -826,7 +866,9 @@ class DatabaseBackend(BaseBackend):
 
     def _collect(self, w: Writes, sql: Sql, k: _Key, now: int, *, reindex: bool = True) -> None:
         """Add the writes of ``k``'s step to ``w``: its changed columns, its index entry
-        (``KeyModel._reindex``), and the runs it lost."""
+        (``KeyModel._reindex``), and the runs it lost. A row whose flight ended goes back to
+        the Redis store when Redis may hold a flight beside it (``_Key.hand_back``)."""
+        handed = k.beside is not None and self.beside_redis() and k.hand_back(now)
         cols, values = k.changes()
         if cols:
             kinds = KINDS
@@ -834,8 +876,8 @@ class DatabaseBackend(BaseBackend):
                 sql.time(v) if kinds[c] == TIME else v for c, v in zip(cols, values, strict=True)
             ]
             w.keys.append((k.pk, (*cols, "updated_at"), [*params, sql.time(now)]))
-        if reindex:
-            entry = k.attention()
+        if reindex or handed:
+            entry = None if handed else k.attention()
             if entry is None:
                 w.unindex.append(k.key_hash)
             else:
@@ -855,7 +897,11 @@ class DatabaseBackend(BaseBackend):
 
     # -- triggers ---------------------------------------------------------------------------
 
-    def trigger(self, *, task_name, key, key_hash, payload_json, options, now=None):
+    def trigger(
+        self, *, task_name, key, key_hash, payload_json, options, now=None, unopened=frozenset()
+    ):
+        """``BaseBackend.trigger``; ``unopened``: key hashes whose Redis flight surely does
+        not exist (the ``auto`` store's failed trigger: ``errors.mark_unopened``)."""
         conn = connections[self.alias]
         sql = self._sql(conn)
         cfg = _cfg(options)
@@ -875,7 +921,7 @@ class DatabaseBackend(BaseBackend):
             k, at = self._load(cursor, sql, key_hash, options, now, create=(key, task_name))
             assert k is not None
             if k.store != "database":
-                k.adopt()
+                k.adopt(at, key_hash not in unopened and self.beside_redis())
             how, msg = k.trigger(at, payload_json)
             w = Writes()
             self._collect(w, sql, k, at, reindex=how != "merged")
@@ -886,14 +932,14 @@ class DatabaseBackend(BaseBackend):
         result = TriggerResult(key, k.flight_id, k.pending, to_dt(k.due), dispatch is not None)
         return result, dispatch
 
-    def trigger_many(self, *, task_name, items, options, now=None):
+    def trigger_many(self, *, task_name, items, options, now=None, unopened=frozenset()):
         """``trigger`` for each ``(key, key_hash, payload_json)`` of ``items``, in order, in
         one transaction per ``MANY`` items: the missing rows made in one statement, all rows
         locked and read in one (in key-hash order, so concurrent batches never deadlock),
         each trigger applied to its row in memory (``_Key.trigger``, as ``trigger`` does),
         and the writes sent as one statement on PostgreSQL (``Sql.run``). The triggers of a
         batch share one clock reading. Results and dispatches are those of the same triggers
-        made one by one."""
+        made one by one. ``unopened``: as for ``trigger``."""
         conn = connections[self.alias]
         sql = self._sql(conn)
         retake, direct = self._limits()
@@ -914,10 +960,12 @@ class DatabaseBackend(BaseBackend):
                 }
                 counted: set[str] = set()
                 adopted: set[str] = set()
+                beside = self.beside_redis()
                 for key, hashed, payload_json in chunk:
                     k = held[hashed]
                     if k.store != "database" and hashed not in adopted:
-                        k.adopt()  # once: its store column changes with the writes below
+                        # once: its store column changes with the writes below
+                        k.adopt(at, beside and hashed not in unopened)
                         adopted.add(hashed)
                     how, msg = k.trigger(at, payload_json)
                     if how != "merged":

@@ -68,11 +68,14 @@ FIELDS: tuple[tuple[str, str, str], ...] = (
     ("state", "state", STR),
     ("store", "store", STR),
     ("last_outcome", "last_outcome", STR),
+    # a row the database store holds: since when Redis may hold a flight of the key that this
+    # row does not record ("Failover", docs/design.md); a row Redis holds: its next recheck
+    ("beside", "recheck_at", TIME),
 )
 HEAD = ("id", "key_hash", "key", "task_name")
 # Kinds of the other columns a step may write.
 KINDS: dict[str, str] = {c: kind for _a, c, kind in FIELDS}
-KINDS.update({"updated_at": TIME, "recheck_at": TIME, "watchdog_at": TIME, "merge_until": TIME})
+KINDS.update({"updated_at": TIME, "watchdog_at": TIME, "merge_until": TIME})
 
 RUN_COLUMNS = (
     "debounce_key_id",

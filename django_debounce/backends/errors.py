@@ -74,6 +74,27 @@ def redis_unavailable(exc: BaseException) -> bool:
     return isinstance(exc, RedisError) and reply_kind(exc) in UNAVAILABLE_REPLIES
 
 
+def refused(exc: BaseException) -> bool:
+    """Whether Redis answered with an error reply of ``UNAVAILABLE_REPLIES`` instead of
+    running the command (it wrote nothing), as opposed to a dropped connection or a timeout,
+    which may come after the command ran."""
+    return reply_kind(exc) in UNAVAILABLE_REPLIES
+
+
+def unopened(exc: BaseException) -> frozenset[str]:
+    """The key hashes whose durable rows a failed trigger of the Redis store opened although
+    Redis refused the script that would have opened their flights (``mark_unopened``)."""
+    return frozenset(getattr(exc, "debounce_unopened", ()))
+
+
+def mark_unopened(exc: BaseException, key_hashes: set[str]) -> None:
+    """Say on ``exc`` that Redis refused (``refused``) the scripts of ``key_hashes`` after
+    their durable rows were opened (``record.seed``): no flight of theirs is in Redis, so
+    the database store that takes the triggers over owes Redis nothing (``_Key.adopt``)."""
+    if key_hashes:
+        exc.debounce_unopened = frozenset(key_hashes) | unopened(exc)  # type: ignore[attr-defined]
+
+
 def store_unavailable(exc: BaseException) -> bool:
     """``redis_unavailable``, or a database that cannot be reached (``OperationalError``,
     ``InterfaceError``)."""

@@ -179,13 +179,15 @@ def _held_by_database(table: str) -> str:
 @cache
 def _open_sql(vendor: str, table: str, rows: int) -> str:
     """The upsert of ``rows`` opened flights: a row is brought up to date unless a later
-    change reached it first (its ``updated_at``), or the database store holds it."""
+    change reached it first (its ``updated_at``), or the database store holds it; returns the
+    key hashes of the rows it wrote."""
     sets = ", ".join(f"{c} = EXCLUDED.{c}" for c in _OPEN_SET)
     return (
         f"{_insert(vendor, table, rows)} "
         f"ON CONFLICT (key_hash) DO UPDATE SET {sets} "
         f"WHERE {table}.updated_at <= EXCLUDED.updated_at "
-        f"AND NOT {_held_by_database(table)}"
+        f"AND NOT {_held_by_database(table)} "
+        "RETURNING key_hash"
     )
 
 
@@ -269,23 +271,32 @@ def seed(
     due_in: float,
     *,
     at_us: int | None = None,
+    held_out: set[str] | None = None,
 ) -> str:
     """Open the record of a key new to Redis (its state expired while idle, or was lost) and
     return ``"run_id,flight_id,triggers,runs,merged,cancelled,pending,first_us,due_us"``: the
     counters its Redis state continues from, and a flight the record holds whose Redis state
     was lost (this trigger joins it). ``at_us``: the trigger's time in Redis's clock (that of
     every record the recorder writes later; ``None``: this host's). One statement on
-    PostgreSQL and SQLite."""
-    return seed_many([(key_hash, key, task_name, payload_json)], due_in, at_us=at_us)[key_hash]
+    PostgreSQL and SQLite. ``held_out``: as for ``seed_many``."""
+    return seed_many(
+        [(key_hash, key, task_name, payload_json)], due_in, at_us=at_us, held_out=held_out
+    )[key_hash]
 
 
 def seed_many(
-    items: list[tuple[str, str, str, str | None]], due_in: float, *, at_us: int | None = None
+    items: list[tuple[str, str, str, str | None]],
+    due_in: float,
+    *,
+    at_us: int | None = None,
+    held_out: set[str] | None = None,
 ) -> dict[str, str]:
     """``seed`` for each ``(key_hash, key, task_name, payload_json)`` of ``items`` (distinct
     keys), in one statement per 500 keys on PostgreSQL and SQLite. The rows are written at
     ``at_us`` (Redis's clock, as the records of the recorder: a record made before this
-    trigger must not count as newer than the row), else at this host's time."""
+    trigger must not count as newer than the row), else at this host's time. The keys whose
+    rows the database store holds (left alone) are added to ``held_out`` (the caller marks
+    them with ``mark_beside`` once Redis opened their flights)."""
     from django_debounce.models import DebounceKey
 
     db = alias()
@@ -317,6 +328,8 @@ def seed_many(
             held = [key_hash for key_hash, *_rest in items if key_hash not in out]
             if not held:
                 return out  # (an empty filter still costs a query's compilation)
+            if held_out is not None:
+                held_out.update(held)
             for key_hash, *counters in (
                 DebounceKey.objects.using(db)
                 .filter(key_hash__in=held)
@@ -390,6 +403,10 @@ def opened(rows: list[Opened]) -> None:
                     cursor.execute(
                         _open_sql(connection.vendor, table, len(chunk)), _params(connection, chunk)
                     )
+                    written = {row[0] for row in cursor.fetchall()}
+                for o in rows[start : start + size]:
+                    if o.key_hash not in written:  # a later change, or the database store's
+                        mark_beside(db, [o.key_hash], _dt(o.at_us))
             return
         for o in rows:
             fields = _row_fields(o)
@@ -405,8 +422,32 @@ def opened(rows: list[Opened]) -> None:
                 DebounceKey.objects.using(db).bulk_create(
                     [DebounceKey(**fields)], ignore_conflicts=True
                 )
+                mark_beside(db, [o.key_hash], at)
     except DatabaseError:
         logger.exception("django_debounce: could not record %d opened flights", len(rows))
+
+
+def mark_beside(db: str, key_hashes: list[str], at: datetime | None) -> None:
+    """Redis opened flights at ``at`` (Redis's clock) for keys whose rows the database store
+    holds (``_held_by_database``): their records stay the database store's, so each row
+    remembers since when Redis holds a flight beside it (``recheck_at``, the latest such time;
+    the recorder forgets it when a later record of Redis says the key is idle). When the
+    database store's flight ends, the row goes back to Redis (``database._Key.hand_back``)."""
+    from django.db.models import F, Value
+    from django.db.models.functions import Coalesce, Greatest
+
+    from django_debounce.models import DebounceKey
+
+    if not key_hashes or at is None:
+        return
+    field = DebounceKey._meta.get_field("recheck_at")
+    when = Value(at, output_field=field)
+    try:
+        DebounceKey.objects.using(db).filter(key_hash__in=key_hashes, store="database").exclude(
+            state=DebounceKey.State.IDLE
+        ).update(recheck_at=Greatest(Coalesce(F("recheck_at"), when), when))
+    except DatabaseError:
+        logger.exception("django_debounce: could not mark %d rows beside Redis", len(key_hashes))
 
 
 def lost_runs(key_hash: str, run_ids: list[int], at_us: int) -> None:

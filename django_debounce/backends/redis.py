@@ -39,6 +39,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from django_debounce import conf, dbtime
 from django_debounce.backends import record
 from django_debounce.backends.base import BaseBackend, Taken, TriggerManyError
+from django_debounce.backends.errors import mark_unopened, refused
 from django_debounce.state import (
     Claim,
     Dispatch,
@@ -352,6 +353,7 @@ class RedisBackend(BaseBackend):
         if out is None:
             out = self._run("trigger", rkey, [_now(now), *head, payload_json, *tail, "", ""])
         seeded = False
+        held: set[str] = set()
         if _wants_seed(out):
             # new to Redis: open the durable record and continue its counters (another
             # process may open the flight meanwhile, so the second call can merge)
@@ -362,13 +364,19 @@ class RedisBackend(BaseBackend):
                 None if options.collect else payload_json,
                 options.wait,
                 at_us=int(out[1]),
+                held_out=held,
             )
             seeded = True
-            out = self._run(
-                "trigger",
-                rkey,
-                [_now(now), *head, payload_json, *tail, short_key(key, task_name), seed],
-            )
+            try:
+                out = self._run(
+                    "trigger",
+                    rkey,
+                    [_now(now), *head, payload_json, *tail, short_key(key, task_name), seed],
+                )
+            except Exception as exc:
+                if refused(exc):
+                    mark_unopened(exc, {key_hash})
+                raise
         if isinstance(out, (bytes, str)):  # merged: "flight pending due", nothing to publish
             f_text, p_text, d_text = out.split()
             return TriggerResult(key, int(f_text), int(p_text), _dt(d_text), False), None
@@ -412,6 +420,8 @@ class RedisBackend(BaseBackend):
             )
         if lost:
             record.lost_runs(key_hash, [lost], int(reply["now"]))
+        if held and int(reply["opened"]):
+            record.mark_beside(record.alias(), [key_hash], _dt(reply["now"]))
         return result, dispatch
 
     def trigger_many(self, *, task_name, items, options, now=None):
@@ -428,6 +438,7 @@ class RedisBackend(BaseBackend):
         replies = self._pipeline_triggers(script, task_name, items, options, tail, now, None)
         fresh = [i for i, out in enumerate(replies) if _wants_seed(out)]
         seeded: set[int] = set()
+        held: set[str] = set()  # keys whose rows the database store holds (seed_many)
         if fresh:
             first: dict[str, tuple[str, str, str, str | None]] = {}
             for i in fresh:
@@ -436,7 +447,10 @@ class RedisBackend(BaseBackend):
                     hashed, (hashed, key, task_name, None if options.collect else payload)
                 )
             seeds = record.seed_many(
-                list(first.values()), options.wait, at_us=max(int(replies[i][1]) for i in fresh)
+                list(first.values()),
+                options.wait,
+                at_us=max(int(replies[i][1]) for i in fresh),
+                held_out=held,
             )
             again = self._pipeline_triggers(
                 script, task_name, [items[i] for i in fresh], options, tail, now, seeds
@@ -491,9 +505,15 @@ class RedisBackend(BaseBackend):
                 )  # fmt: skip
             if int(reply["lost"]):
                 record.lost_runs(hashed, [int(reply["lost"])], int(reply["now"]))
+            if hashed in held and int(reply["opened"]):
+                record.mark_beside(record.alias(), [hashed], _dt(reply["now"]))
         record.opened(opened)
         if errors:
-            raise TriggerManyError(results, errors)
+            error = TriggerManyError(results, errors)
+            mark_unopened(
+                error, {items[i][1] for i, e in errors.items() if i in seeded and refused(e)}
+            )
+            raise error
         return results
 
     def _pipeline_triggers(

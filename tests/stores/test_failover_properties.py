@@ -43,7 +43,7 @@ exactly (``play()``; the regression tests at the end are such lists). Determinis
 normal suite (``derandomize``, a bounded number of examples). A long randomised run::
 
     DEBOUNCE_FAILOVER_RANDOM=1 DEBOUNCE_FAILOVER_EXAMPLES=2000 scripts/test \\
-        tests/stores/test_failover_properties.py -k random --hypothesis-seed=1234
+        tests/stores/test_failover_properties.py -k under_redis_faults --hypothesis-seed=1234
 
 (``DEBOUNCE_FAILOVER_STEPS``: the most steps per example; ``DEBOUNCE_PROPERTY_SHRINK=0``:
 report the first failure unshrunk.)
@@ -828,8 +828,8 @@ def test_a_trigger_new_to_redis_leaves_a_run_of_the_database_store(
 
     Fixed by keeping a row the database store holds out of the Redis records (the seed and
     opening upserts skip it, the recorder leaves its state alone: docs/design.md, "Failover
-    of the auto store"). What that leaves open, a Redis flight beside such a row, is the next
-    test."""
+    of the auto store"). What that left open, a Redis flight beside such a row, is the next
+    tests."""
     steps = [
         ("oom", 0, 0),
         ("trigger", 1, 0),
@@ -840,11 +840,6 @@ def test_a_trigger_new_to_redis_leaves_a_run_of_the_database_store(
     play(failover, steps, [PLAIN] * KEYS)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open: a Redis flight beside a row the database store took over has no durable "
-    "record; a later loss of its Redis state loses it (I1); see the docstring",
-)
 def test_a_redis_flight_beside_a_database_takeover_survives_a_lost_state(
     failover: RedisServer,
 ) -> None:
@@ -855,8 +850,9 @@ def test_a_redis_flight_beside_a_database_takeover_survives_a_lost_state(
     records the Redis flight any more (the row is the database store's, which the recheck does
     not look at), and that trigger, made after the database store's claim, never runs (I1).
 
-    Not fixed yet: the row would have to keep the Redis flight's record (or ask for a recheck)
-    while the database store holds it."""
+    Fixed: the takeover remembers the live Redis flight on the row (``_Key.adopt``), and when
+    the database store's flight ends the row goes back to Redis as a flight to recheck
+    (``_Key.hand_back``): the recheck rebuilds it from the row and it runs."""
     steps = [
         ("trigger", 0, 0),
         ("down", 0, 0),
@@ -867,3 +863,62 @@ def test_a_redis_flight_beside_a_database_takeover_survives_a_lost_state(
         ("flushall", 0, 0),
     ]
     play(failover, steps, [PLAIN] * KEYS)
+
+
+def test_a_redis_flight_opened_beside_a_database_flight_survives_a_lost_state(
+    failover: RedisServer,
+) -> None:
+    """A trigger falls back while Redis is down: the database store makes the row and holds
+    a flight, whose run is claimed. Redis comes back and a trigger opens a flight of the key in
+    Redis (the row is the database store's, so its record is not written). The database
+    store's run finishes (the row idle), then Redis loses everything: without the row saying
+    that Redis opened a flight beside it (``record.mark_beside``), nothing rebuilt that flight
+    and the trigger never ran (I1)."""
+    steps = [
+        ("down", 0, 0),
+        ("trigger", 0, 0),
+        ("deliver", 0, 0),
+        ("back", 1, 0),
+        ("trigger", 0, 0),  # after the database store's claim: that run does not cover it
+        ("finish", 0, 0),
+        ("flushall", 0, 0),
+    ]
+    play(failover, steps, [PLAIN] * KEYS)
+
+
+def test_an_idle_record_of_redis_clears_the_flight_beside(failover: RedisServer) -> None:
+    """The database store took the row over from a live Redis flight (Redis was down). Once
+    Redis is back that flight runs and finishes: the recorder's idle record of it says no
+    Redis flight is left beside the database store's, so the row forgets it (``recheck_at``
+    cleared) and is not handed back to Redis for a flight that already ran. The database
+    store's own flight is untouched."""
+    player = Player(failover, [PLAIN] * KEYS)
+    key = player.keys[0]
+    try:
+        for step in [
+            ("trigger", 0, 0),
+            ("down", 0, 0),
+            ("trigger", 0, 0),
+            ("back", 1, 0),
+            ("deliver", 0, 0),  # the Redis flight's message (the first one out)
+        ]:
+            player.step(*step)
+        (run,) = key.runs
+        assert run.store == "r", run
+        row = DebounceKey.objects.get(key_hash=key.hash)
+        assert (row.store, row.state) == ("database", "pending")
+        assert row.recheck_at is not None  # the Redis flight beside it, since the takeover
+        player.step("finish", 0, 0)
+        player.step("record", 0, 0)
+        row.refresh_from_db()
+        assert (row.store, row.state, row.pending, row.recheck_at) == (
+            "database",
+            "pending",
+            1,
+            None,
+        )
+        player.heal()
+        player.drain()
+        player.check_end()
+    finally:
+        player.stack.close()
