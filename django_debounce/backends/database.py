@@ -197,6 +197,7 @@ class _Key:
     store: str
     last_outcome: str
     beside: int | None
+    updated: int | None
 
     def __init__(self, row: Sequence[Any], cfg: _Cfg | None, retake: int, direct: int) -> None:
         self.pk, self.key_hash, self.key, self.task_name = row[: len(HEAD)]
@@ -426,9 +427,11 @@ class _Key:
     def adopt(self, now: int, beside: bool) -> None:
         """Take over a row whose live state is in Redis (a trigger during a Redis outage):
         the flight in Redis stays Redis's; this store opens its own. With ``beside`` (the
-        ``auto`` store), a Redis flight the row recorded is remembered (``beside``: since
-        ``now``), so the row goes back to Redis when this store's flight ends (``hand_back``)."""
-        self.beside = now if beside and self.state != IDLE else None
+        ``auto`` store), a Redis flight the row recorded is remembered, so the row goes back
+        to Redis when this store's flight ends (``hand_back``): since ``now``, or since the
+        row's last write by Redis when later (Redis's clock, that of the records the recorder
+        compares it with: an idle record made before that flight opened must not clear it)."""
+        self.beside = max(now, self.updated or 0) if beside and self.state != IDLE else None
         self.pending = 0
         self.payload = None
         self.first = self.last = self.anchor = self.due = None

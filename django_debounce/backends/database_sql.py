@@ -71,11 +71,12 @@ FIELDS: tuple[tuple[str, str, str], ...] = (
     # a row the database store holds: since when Redis may hold a flight of the key that this
     # row does not record ("Failover", docs/design.md); a row Redis holds: its next recheck
     ("beside", "recheck_at", TIME),
+    ("updated", "updated_at", TIME),  # read only: every step writes it (the step's time)
 )
 HEAD = ("id", "key_hash", "key", "task_name")
 # Kinds of the other columns a step may write.
 KINDS: dict[str, str] = {c: kind for _a, c, kind in FIELDS}
-KINDS.update({"updated_at": TIME, "watchdog_at": TIME, "merge_until": TIME})
+KINDS.update({"watchdog_at": TIME, "merge_until": TIME})
 
 RUN_COLUMNS = (
     "debounce_key_id",

@@ -375,7 +375,7 @@ class RedisBackend(BaseBackend):
                 )
             except Exception as exc:
                 if refused(exc):
-                    mark_unopened(exc, {key_hash})
+                    mark_unopened(exc, self._absent([key_hash]))
                 raise
         if isinstance(out, (bytes, str)):  # merged: "flight pending due", nothing to publish
             f_text, p_text, d_text = out.split()
@@ -510,11 +510,24 @@ class RedisBackend(BaseBackend):
         record.opened(opened)
         if errors:
             error = TriggerManyError(results, errors)
-            mark_unopened(
-                error, {items[i][1] for i, e in errors.items() if i in seeded and refused(e)}
-            )
+            refused_ = {items[i][1] for i, e in errors.items() if i in seeded and refused(e)}
+            mark_unopened(error, self._absent(sorted(refused_)))
             raise error
         return results
+
+    def _absent(self, key_hashes: list[str]) -> set[str]:
+        """Which of ``key_hashes`` have no state in Redis (a read: Redis answers it when it
+        refuses writes); none when Redis cannot say. A trigger whose script Redis refused
+        opened no flight only if no other trigger opened one meanwhile (``mark_unopened``)."""
+        if not key_hashes:
+            return set()
+        try:
+            pipe = self.client.pipeline(transaction=False)
+            for h in key_hashes:
+                pipe.exists(self.state_key(h))
+            return {h for h, n in zip(key_hashes, pipe.execute(), strict=True) if not n}
+        except Exception:  # noqa: BLE001 - unknown: the database store keeps the mark
+            return set()
 
     def _pipeline_triggers(
         self,

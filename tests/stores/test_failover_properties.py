@@ -922,3 +922,93 @@ def test_an_idle_record_of_redis_clears_the_flight_beside(failover: RedisServer)
         player.check_end()
     finally:
         player.stack.close()
+
+
+def test_a_batch_that_opened_a_redis_flight_before_a_refusal_keeps_the_mark(
+    failover: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``trigger_many`` of two triggers of a key new to Redis: the first opens the flight in
+    Redis and takes Redis past ``maxmemory``, the second is refused (``OOM``) and falls back.
+    The refusal said "no Redis flight" for the key although the first item had opened one, so
+    the database store's takeover did not mark it: a trigger merged into that flight after
+    the database store's claim was lost with Redis's state (I1). A refused key counts as
+    unopened only when Redis holds no state of it (``RedisBackend._absent``).
+
+    How much one script writes depends on the server, so the limit is tried at a few
+    margins above the memory in use; at least one of them must split the batch."""
+    from django_debounce.backends import record
+
+    seed_many = record.seed_many
+    split = []
+    for margin in (5_000, 20_000, 60_000, 120_000):
+        player = Player(failover, [PLAIN] * KEYS)
+
+        def seed_and_limit(*args: Any, _p: Player = player, _m: int = margin, **kw: Any) -> Any:
+            out = seed_many(*args, **kw)
+            used = int(_p.admin.info("memory")["used_memory"])
+            _p.admin.config_set("maxmemory-policy", "noeviction")
+            _p.admin.config_set("maxmemory", used + _m)
+            _p.oom = True
+            return out
+
+        monkeypatch.setattr(record, "seed_many", seed_and_limit)
+        try:
+            player.step("many", 0, 0)
+            monkeypatch.setattr(record, "seed_many", seed_many)
+            player.admin.config_set("maxmemory", 0)
+            player.oom = False
+            stores = [m.store for m in player.pool]
+            if "d" in stores and "r" in stores:
+                split.append(margin)
+                player.step("deliver", stores.index("d"), 0)  # the database store claims
+                player.step("trigger", 0, 1)  # merges into the Redis flight, after that claim
+                player.step("flushall", 0, 0)
+                player.step("finish", 0, 0)
+            player.heal()
+            player.drain()
+            player.check_end()
+        finally:
+            player.stack.close()
+    assert split, "no margin split the batch between Redis and the database store"
+
+
+def test_a_takeover_marks_a_redis_flight_in_redis_time(
+    failover: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The database's clock runs 50 ms behind Redis's. Redis records run 1 idle (not yet
+    drained) and opens flight 2; Redis goes down and the database store takes the row over,
+    marking the Redis flight beside it at its own clock: earlier than run 1's idle record.
+    The recorder then took that stale record for "idle in Redis" and cleared the mark, and a
+    trigger merged into flight 2 after the database store's claim was lost with Redis's state
+    (I1). The mark is now at least the row's last write by Redis (Redis's clock)."""
+    player = Player(failover, [PLAIN] * KEYS)
+    database = player.backend.database
+    trigger = database.trigger
+
+    def behind(**kwargs: Any) -> Any:
+        kwargs["now"] = kwargs["now"] - timedelta(milliseconds=50)
+        return trigger(**kwargs)
+
+    monkeypatch.setattr(database, "trigger", behind)
+
+    def deliver(store: str) -> None:
+        player.step("deliver", [m.store for m in player.pool].index(store), 0)
+
+    try:
+        player.step("trigger", 0, 0)  # flight 1 in Redis
+        deliver("r")
+        player.step("finish", 0, 0)  # its idle record waits for the recorder
+        player.step("trigger", 0, 1)  # flight 2 opens in Redis
+        player.step("down", 0, 0)
+        player.step("trigger", 0, 2)  # the takeover
+        deliver("d")  # the database store claims
+        player.step("back", 1, 0)
+        player.step("record", 0, 0)  # run 1's idle record, older than flight 2
+        player.step("trigger", 0, 3)  # merges into flight 2, after the database claim
+        player.step("flushall", 0, 0)
+        player.step("finish", 0, 0)
+        player.heal()
+        player.drain()
+        player.check_end()
+    finally:
+        player.stack.close()
