@@ -40,9 +40,10 @@ from __future__ import annotations
 import copy
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
-from functools import partial
+from functools import cache, partial
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
@@ -134,6 +135,41 @@ def _cfg(options: FlightOptions) -> _Cfg:
             collect_bytes=options.collect_bytes,
         )
     return cfg
+
+
+@cache
+def _prepared_cursor() -> type | None:
+    """A psycopg 3 cursor class whose every statement is a server-side prepared statement
+    (bound on the server, parsed and planned once per connection), or ``None`` without
+    psycopg 3 or without pipeline mode (libpq 14)."""
+    try:
+        import psycopg
+    except ImportError:  # psycopg2 or no PostgreSQL driver
+        return None
+    if not psycopg.Pipeline.is_supported():
+        return None
+
+    class PreparedCursor(psycopg.Cursor):  # type: ignore[type-arg]
+        def execute(  # type: ignore[override]
+            self, query: Any, params: Any = None, *, prepare: bool | None = None, **kw: Any
+        ) -> Any:
+            conn = self.connection
+            prepare = prepare is not False
+            if conn.prepare_threshold is not None or not prepare:
+                return super().execute(query, params, prepare=prepare, **kw)
+            # Django's default (None) turns psycopg's preparing off altogether, for poolers;
+            # this cursor's statements are prepared anyway (DEBOUNCE_DATABASE_PREPARE)
+            conn.prepare_threshold = _NEVER
+            try:
+                return super().execute(query, params, prepare=True, **kw)
+            finally:
+                conn.prepare_threshold = None
+
+    return PreparedCursor
+
+
+_NEVER = 1 << 30  # psycopg's prepare_threshold: prepare nothing by count
+_IDLE = 0  # psycopg.pq.TransactionStatus.IDLE: no transaction open
 
 
 def _union(first: list[Any], then: list[Any]) -> list[Any]:
@@ -751,6 +787,56 @@ class DatabaseBackend(BaseBackend):
             sql = cache[conn.alias] = Sql(conn.vendor, partial(adapt_time, conn.ops))
         return sql
 
+    def _fast(self, conn: Any, sql: Sql) -> bool:
+        """Whether ``conn`` takes the PostgreSQL fast path: psycopg 3 with pipeline mode and
+        ``DEBOUNCE_DATABASE_PREPARE`` on."""
+        return sql.pg and conf.get("DATABASE_PREPARE") and _prepared_cursor() is not None
+
+    def _cursor(self, conn: Any, sql: Sql) -> Any:
+        """A cursor of ``conn`` (Django's wrapper: its errors, query log and execute
+        wrappers). On the fast path its statements are prepared: bound and planned on the
+        server once per connection, not parsed and planned at every call (a merge costs
+        about 100 µs less)."""
+        if not self._fast(conn, sql):
+            return conn.cursor()
+        conn.ensure_connection()
+        raw = conn.connection
+        factory = raw.cursor_factory
+        raw.cursor_factory = _prepared_cursor()
+        try:
+            return conn.cursor()
+        finally:
+            raw.cursor_factory = factory
+
+    @contextmanager
+    def _step(self, conn: Any, sql: Sql, *, lock: bool = True) -> Iterator[Any]:
+        """The transaction of one step and its cursor. On the fast path outside any atomic
+        block, the transaction is sent in psycopg's pipeline mode: ``BEGIN`` goes with the
+        step's first statement and ``COMMIT`` with its last writes, so a step that locks and
+        reads its row, then writes, costs two round trips, not four. Elsewhere (SQLite, a
+        caller's atomic block): ``transaction.atomic``, and SQLite's write lock taken first
+        (``_begin``) unless ``lock`` is false (the step's first statement is a write)."""
+        if not self._fast(conn, sql) or conn.in_atomic_block or not conn.get_autocommit():
+            with transaction.atomic(using=conn.alias), self._cursor(conn, sql) as cursor:
+                if lock:
+                    self._begin(conn, sql, cursor)
+                yield cursor
+            return
+        with self._cursor(conn, sql) as cursor, conn.wrap_database_errors:
+            raw = conn.connection
+            try:
+                with raw.pipeline():
+                    cursor.cursor.execute("BEGIN", prepare=False)
+                    yield cursor
+                    cursor.cursor.execute("COMMIT", prepare=False)
+            except BaseException:
+                try:
+                    if raw.pgconn.transaction_status != _IDLE:
+                        raw.rollback()
+                except Exception:
+                    conn.errors_occurred = True  # Django closes an unusable connection
+                raise
+
     def _limits(self) -> tuple[int, int]:
         """Retake (DEBOUNCE_DISPATCH_GRACE) and direct (DEBOUNCE_PUMP_INTERVAL) windows in
         microseconds, read once per instance (rebuilt when a ``DEBOUNCE_`` setting changes)."""
@@ -862,7 +948,7 @@ class DatabaseBackend(BaseBackend):
         if sql.pg and not cfg.collect:
             # the hot path: a plain merge is one statement (see Sql.merge)
             head = [payload_json, cfg.wait, cfg.max_wait]
-            with conn.cursor() as cursor:
+            with self._cursor(conn, sql) as cursor:
                 if now is not None:
                     cursor.execute(sql.merge(True), [now, *head, key_hash])
                 else:
@@ -871,7 +957,7 @@ class DatabaseBackend(BaseBackend):
             if merged is not None:
                 flight_id, pending, due_at = merged
                 return TriggerResult(key, flight_id, pending, due_at, False), None
-        with transaction.atomic(using=conn.alias), conn.cursor() as cursor:
+        with self._step(conn, sql, lock=False) as cursor:
             k, at = self._load(cursor, sql, key_hash, options, now, create=(key, task_name))
             assert k is not None
             if k.store != "database":
@@ -902,8 +988,7 @@ class DatabaseBackend(BaseBackend):
         for start in range(0, len(items), self.MANY):
             chunk = items[start : start + self.MANY]
             keys = dict(sorted({hashed: key for key, hashed, _p in chunk}.items()))
-            with transaction.atomic(using=conn.alias), conn.cursor() as cursor:
-                self._begin(conn, sql, cursor)
+            with self._step(conn, sql) as cursor:
                 at = self._now_us(cursor, sql, now)
                 rows = [sql.new_key(key, hashed, task_name, at) for hashed, key in keys.items()]
                 cursor.execute(sql.insert_keys(len(rows)), [v for row in rows for v in row])
@@ -968,8 +1053,7 @@ class DatabaseBackend(BaseBackend):
         retake, direct = self._limits()
         dispatches: list[Dispatch] = []
         again = 0
-        with transaction.atomic(using=conn.alias), conn.cursor() as cursor:
-            self._begin(conn, sql, cursor)
+        with self._step(conn, sql) as cursor:
             at = self._now_us(cursor, sql, now)
             when = sql.time(at)
             if sql.pg:
@@ -1021,8 +1105,7 @@ class DatabaseBackend(BaseBackend):
         conn = connections[self.alias]
         sql = self._sql(conn)
         by_key = sorted(dispatches, key=lambda d: d.key_hash)  # one lock order
-        with transaction.atomic(using=conn.alias), conn.cursor() as cursor:
-            self._begin(conn, sql, cursor)
+        with self._step(conn, sql) as cursor:
             w = Writes()
             for dispatch in by_key:
                 k, at = self._load(cursor, sql, dispatch.key_hash, None, now)
@@ -1037,8 +1120,7 @@ class DatabaseBackend(BaseBackend):
     def fire(self, key_hash, seq, *, task_name, options, now=None, store=None):
         conn = connections[self.alias]
         sql = self._sql(conn)
-        with transaction.atomic(using=conn.alias), conn.cursor() as cursor:
-            self._begin(conn, sql, cursor)
+        with self._step(conn, sql) as cursor:
             k, at = self._load(cursor, sql, key_hash, options, now)
             if k is None:
                 return FireDecision(FireAction.MISSING)
@@ -1105,8 +1187,7 @@ class DatabaseBackend(BaseBackend):
         retry = None if end.ok or end.retry_in is None else int(round(max(end.retry_in, 0) * US))
         conn = connections[self.alias]
         sql = self._sql(conn)
-        with transaction.atomic(using=conn.alias), conn.cursor() as cursor:
-            self._begin(conn, sql, cursor)
+        with self._step(conn, sql) as cursor:
             k, at = self._load(cursor, sql, key_hash, options, now)
             if k is None or k.store != "database":
                 return None
@@ -1133,8 +1214,7 @@ class DatabaseBackend(BaseBackend):
     def heartbeat(self, key_hash, run_id, lease, *, task_name, options, now=None, store=None):
         conn = connections[self.alias]
         sql = self._sql(conn)
-        with transaction.atomic(using=conn.alias), conn.cursor() as cursor:
-            self._begin(conn, sql, cursor)
+        with self._step(conn, sql) as cursor:
             k, at = self._load(cursor, sql, key_hash, options, now)
             if k is None or k.store != "database":
                 return False
@@ -1160,7 +1240,7 @@ class DatabaseBackend(BaseBackend):
                 [runs[i].options.overlap for i in order],
                 retake,
             ]
-            with conn.cursor() as cursor:
+            with self._cursor(conn, sql) as cursor:
                 if now is not None:
                     cursor.execute(sql.extend(True), [now, *params])
                 else:
@@ -1172,8 +1252,7 @@ class DatabaseBackend(BaseBackend):
                 out.append(None if hit is None else (to_us(hit[0]) - to_us(hit[1])) / US)  # type: ignore[operator]
             return out
         results: dict[int, float | None] = {}
-        with transaction.atomic(using=conn.alias), conn.cursor() as cursor:
-            self._begin(conn, sql, cursor)
+        with self._step(conn, sql) as cursor:
             w = Writes()
             for i in order:
                 live: LiveRun = runs[i]
@@ -1196,8 +1275,7 @@ class DatabaseBackend(BaseBackend):
     def flush(self, key_hash, *, task_name, options, now=None):
         conn = connections[self.alias]
         sql = self._sql(conn)
-        with transaction.atomic(using=conn.alias), conn.cursor() as cursor:
-            self._begin(conn, sql, cursor)
+        with self._step(conn, sql) as cursor:
             k, at = self._load(cursor, sql, key_hash, options, now)
             if k is None or k.store != "database":
                 return None
@@ -1212,8 +1290,7 @@ class DatabaseBackend(BaseBackend):
     def cancel(self, key_hash, *, task_name, options, now=None):
         conn = connections[self.alias]
         sql = self._sql(conn)
-        with transaction.atomic(using=conn.alias), conn.cursor() as cursor:
-            self._begin(conn, sql, cursor)
+        with self._step(conn, sql) as cursor:
             k, at = self._load(cursor, sql, key_hash, options, now)
             if k is None or k.store != "database":
                 return 0
