@@ -10,17 +10,27 @@ records (``database_sql.py`` builds them).
 Statements per step, on PostgreSQL:
 
 - a trigger that only joins an open flight (``KeyModel.is_plain_merge``): one
-  ``UPDATE ... RETURNING`` in autocommit (the index entry stays: it may be early, never late);
+  ``UPDATE ... RETURNING`` in autocommit (the index entry stays: it may be early, never late).
+  For a key this process has not seen lately (``_saw``), the same statement also makes the
+  row of a key that has none, its flight opened, and its index entry (``INSERT ... SELECT
+  ... WHERE NOT EXISTS`` the merge, ``ON CONFLICT DO NOTHING``): a new key is one statement
+  too. Its row is ``_Key.trigger`` applied to the default row, worked out once per options
+  at two clocks (``_opening``): it moves with the clock, which the statement adds;
 - any other step of one key: one transaction of two statements: ``SELECT ... FOR UPDATE``
-  (with the clock), then one statement whose ``WITH`` parts update the key row, put or delete
-  its index entry and write its run records (a claim's ``DebounceRun``, a finish's outcome, a
-  lost run's "lease ran out"). A key without a row first gets one (the clock, ``INSERT ...
-  ON CONFLICT DO NOTHING``, then the select again);
+  (with the clock; for a trigger, ``INSERT ... ON CONFLICT DO NOTHING RETURNING`` with the
+  locked existing row, so a row is made if there is none), then one statement whose
+  ``WITH`` parts update the key row, put or delete its index entry and write its run
+  records (a claim's ``DebounceRun``, a finish's outcome, a lost run's "lease ran out");
 - the pump's take: one transaction of three statements per batch: the clock, the due entries
   and their keys locked ``FOR UPDATE ... SKIP LOCKED`` (concurrent pumps never take one entry
   twice and never wait for each other), then one statement that writes the whole batch (rows
   grouped by changed columns, ``unnest`` arrays) and reads the earliest entry left;
 - the lease keeper's extend: one statement for the whole batch.
+
+With psycopg 3 (``DEBOUNCE_DATABASE_PREPARE``, on by default) the statements are server-side
+prepared (planned once per connection), and a transaction outside any atomic block of the
+caller is sent in pipeline mode: ``BEGIN`` with its first statement, ``COMMIT`` with its
+writes, so a two-statement step is two round trips (``_step``).
 
 SQLite has no row locks: a step's transaction holds the database's write lock. With
 ``transaction_mode`` ``IMMEDIATE`` Django's ``BEGIN IMMEDIATE`` takes it; otherwise the first
@@ -60,6 +70,7 @@ from django_debounce.backends.database_sql import (
     KINDS,
     STR,
     TIME,
+    Opening,
     Sql,
     Writes,
     adapt_time,
@@ -748,6 +759,66 @@ class _Key:
         return dropped
 
 
+# Two clocks far apart (microseconds) at which a new key's opening is worked out (_opening).
+_T1, _T2 = 1_700_000_000_000_000, 1_800_000_000_123_457
+_PAYLOAD = "\x00payload"  # stands for the call's payload
+
+
+def _opening(cfg: _Cfg, retake: int, direct: int) -> Opening | None:
+    """A trigger on a key that has no row, as ``Sql.merge`` makes it: ``_Key.trigger`` (the
+    rule itself, not a copy) applied to the row ``DebounceKey`` defaults to, at two clocks
+    far apart. A new key's opening moves with the clock: each written column is the same at
+    both (a constant), or the clock plus the same microseconds at both (its times, the
+    message's sequence number), so the statement writes it with its own clock. ``None`` when
+    it is not (a rule that depends on the clock otherwise): such a key takes the locked step.
+    Not for collect mode (its merge is never one statement)."""
+    if cfg.collect:
+        return None
+    fields = {f.column: f for f in DebounceKey._meta.concrete_fields}
+    head = {"key_hash": "kh", "key": "key", "task_name": "task"}
+    out: list[Any] = []
+    for clock in (_T1, _T2):
+        row: list[Any] = [None, "", "", ""]
+        row += [fields[col].get_default() for _a, col, _k in FIELDS]
+        k = _Key(row, cfg, retake, direct)
+        how, msg = k.trigger(clock, _PAYLOAD)
+        if how != "counted":
+            return None
+        cols, values = k.changes()
+        entry = k.attention()
+        if entry is None:
+            return None
+        changed = dict(zip(cols, values, strict=True))
+        countdown = None if msg is None else msg[1]
+        seq = None if msg is None else msg[0] - clock
+        out.append((changed, entry - clock, countdown, seq, k.seq - clock))
+    (a, entry, countdown, seq, _s), (b, entry2, countdown2, seq2, _s2) = out
+    if a.keys() != b.keys() or (entry, countdown, seq) != (entry2, countdown2, seq2):
+        return None
+    if msg is not None and seq != out[0][4]:
+        return None  # the message carries the row's sequence number
+    columns: list[tuple[str, str, Any]] = []
+    for f in DebounceKey._meta.concrete_fields:
+        col = f.column
+        if f.primary_key or (f.null and col not in a):
+            continue  # its default: NULL, or the database's
+        if col in head:
+            columns.append((col, "param", head[col]))
+        elif col in ("created_at", "updated_at"):
+            columns.append((col, "now", 0))
+        elif col not in a:
+            columns.append((col, "const", f.get_default()))
+        elif a[col] == _PAYLOAD and b[col] == _PAYLOAD:
+            columns.append((col, "param", "payload"))
+        elif a[col] == b[col] and KINDS[col] != TIME:
+            columns.append((col, "const", a[col]))
+        elif isinstance(a[col], int) and isinstance(b[col], int) and a[col] - _T1 == b[col] - _T2:
+            columns.append((col, "now", a[col] - _T1))
+        else:
+            return None
+    return Opening(tuple(columns), entry, countdown)
+
+
 def registered_options() -> dict[str, FlightOptions]:
     """Task name -> options of every debounced task registered in this process."""
     from django_debounce.tasks import registered_debounced_tasks
@@ -836,6 +907,30 @@ class DatabaseBackend(BaseBackend):
                 except Exception:
                     conn.errors_occurred = True  # Django closes an unusable connection
                 raise
+
+    def _opening(self, conn: Any, sql: Sql, cfg: _Cfg) -> Opening | None:
+        """A new key's opening folded into the merge statement (module function ``_opening``),
+        kept per options; only on the fast path (its one statement is long: prepared)."""
+        if not self._fast(conn, sql):
+            return None
+        cache = self.__dict__.setdefault("_opening_cache", {})
+        try:
+            return cache[cfg]  # type: ignore[no-any-return]
+        except KeyError:
+            retake, direct = self._limits()
+            found = cache[cfg] = _opening(cfg, retake, direct)
+            return found
+
+    KNOWN = 4096  # key hashes a process remembers as having a row (_saw)
+
+    def _saw(self, key_hash: str) -> None:
+        """Remember that ``key_hash`` has a row: its next trigger in this process tries the
+        plain merge alone (``trigger``). A hint only: a row gone since (purged) makes the
+        merge find nothing, and the locked step makes it again."""
+        known = self.__dict__.setdefault("_known", set())
+        if len(known) >= self.KNOWN:
+            known.clear()
+        known.add(key_hash)
 
     def _limits(self) -> tuple[int, int]:
         """Retake (DEBOUNCE_DISPATCH_GRACE) and direct (DEBOUNCE_PUMP_INTERVAL) windows in
@@ -946,17 +1041,33 @@ class DatabaseBackend(BaseBackend):
         sql = self._sql(conn)
         cfg = _cfg(options)
         if sql.pg and not cfg.collect:
-            # the hot path: a plain merge is one statement (see Sql.merge)
-            head = [payload_json, cfg.wait, cfg.max_wait]
+            # the hot path: a plain merge is one statement (see Sql.merge); so is a new key's
+            # opening on the fast path, folded into it for keys this process has not seen
+            # lately (a longer statement: ~25 us more for a merge)
+            known = self.__dict__.setdefault("_known", set())
+            opening = None if key_hash in known else self._opening(conn, sql, cfg)
+            params = [payload_json, cfg.wait, cfg.max_wait, key_hash]
+            if opening is not None:
+                params += [key, task_name]
             with self._cursor(conn, sql) as cursor:
                 if now is not None:
-                    cursor.execute(sql.merge(True), [now, *head, key_hash])
+                    cursor.execute(sql.merge(True, opening), [now, *params])
                 else:
-                    cursor.execute(sql.merge(False), [*head, key_hash])
-                merged = cursor.fetchone()
-            if merged is not None:
-                flight_id, pending, due_at = merged
+                    cursor.execute(sql.merge(False, opening), params)
+                done = cursor.fetchone()
+            if done is not None:
+                self._saw(key_hash)
+            if done is not None and opening is None:
+                flight_id, pending, due_at = done
                 return TriggerResult(key, flight_id, pending, due_at, False), None
+            if done is not None and opening is not None:
+                merged, flight_id, pending, due_at, seq = done
+                if merged:
+                    return TriggerResult(key, flight_id, pending, due_at, False), None
+                msg = None if opening.countdown is None else (seq, opening.countdown)
+                dispatch = self._dispatch(key_hash, msg, task_name, key)
+                result = TriggerResult(key, flight_id, pending, due_at, dispatch is not None)
+                return result, dispatch
         with self._step(conn, sql, lock=False) as cursor:
             k, at = self._load(cursor, sql, key_hash, options, now, create=(key, task_name))
             assert k is not None
@@ -966,6 +1077,7 @@ class DatabaseBackend(BaseBackend):
             w = Writes()
             self._collect(w, sql, k, at, reindex=how != "merged")
             sql.run(cursor, w)
+        self._saw(key_hash)
         if how == "dropped":
             return TriggerResult(key, k.flight_id, 0, None, False, dropped=True), None
         dispatch = self._dispatch(key_hash, msg, task_name, key)
