@@ -53,6 +53,7 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import datetime
 from functools import cache, partial
 from typing import Any
 
@@ -78,6 +79,7 @@ from django_debounce.backends.database_sql import (
     to_dt,
     to_us,
 )
+from django_debounce.dbtime import from_db
 from django_debounce.dispatch import LABEL
 from django_debounce.keys import dumps
 from django_debounce.models import DebounceDue, DebounceKey
@@ -1057,6 +1059,9 @@ class DatabaseBackend(BaseBackend):
                 done = cursor.fetchone()
             if done is not None:
                 self._saw(key_hash)
+                due_at = done[-1 if opening is None else 3]
+                if due_at is not None and due_at.tzinfo is None:  # USE_TZ = False
+                    done = [from_db(v) if isinstance(v, datetime) else v for v in done]
             if done is not None and opening is None:
                 flight_id, pending, due_at = done
                 return TriggerResult(key, flight_id, pending, due_at, False), None
