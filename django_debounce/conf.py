@@ -40,6 +40,10 @@ DEFAULTS: dict[str, Any] = {
     # Longest sleep of a pump between two looks at the due index, in seconds; a flight due
     # within it of the step that makes it due is published at once with a countdown.
     "PUMP_INTERVAL": 1.0,
+    # The database store on PostgreSQL (psycopg 3): its statements are server-side prepared
+    # statements (planned once per connection). False behind a pooler that cannot keep them
+    # (PgBouncer in transaction mode before 1.21, or with max_prepared_statements = 0).
+    "DATABASE_PREPARE": True,
     # Entries one take of the pump handles at most.
     "PUMP_BATCH": 500,
     # Messages published and not yet claimed per queue above which a pump waits.
@@ -134,7 +138,7 @@ DURATIONS: dict[str, bool] = {
     "REARM_HOLD": False,
     "PUMP_INTERVAL": False,
 }
-BOOLEANS = ("ON_COMMIT", "ENABLED", "ADMIN_ENABLED", "PUMP")
+BOOLEANS = ("ON_COMMIT", "ENABLED", "ADMIN_ENABLED", "PUMP", "DATABASE_PREPARE")
 
 
 def seconds_of(name: str) -> float:

@@ -10,17 +10,27 @@ records (``database_sql.py`` builds them).
 Statements per step, on PostgreSQL:
 
 - a trigger that only joins an open flight (``KeyModel.is_plain_merge``): one
-  ``UPDATE ... RETURNING`` in autocommit (the index entry stays: it may be early, never late);
+  ``UPDATE ... RETURNING`` in autocommit (the index entry stays: it may be early, never late).
+  For a key this process has not seen lately (``_saw``), the same statement also makes the
+  row of a key that has none, its flight opened, and its index entry (``INSERT ... SELECT
+  ... WHERE NOT EXISTS`` the merge, ``ON CONFLICT DO NOTHING``): a new key is one statement
+  too. Its row is ``_Key.trigger`` applied to the default row, worked out once per options
+  at two clocks (``_opening``): it moves with the clock, which the statement adds;
 - any other step of one key: one transaction of two statements: ``SELECT ... FOR UPDATE``
-  (with the clock), then one statement whose ``WITH`` parts update the key row, put or delete
-  its index entry and write its run records (a claim's ``DebounceRun``, a finish's outcome, a
-  lost run's "lease ran out"). A key without a row first gets one (the clock, ``INSERT ...
-  ON CONFLICT DO NOTHING``, then the select again);
+  (with the clock; for a trigger, ``INSERT ... ON CONFLICT DO NOTHING RETURNING`` with the
+  locked existing row, so a row is made if there is none), then one statement whose
+  ``WITH`` parts update the key row, put or delete its index entry and write its run
+  records (a claim's ``DebounceRun``, a finish's outcome, a lost run's "lease ran out");
 - the pump's take: one transaction of three statements per batch: the clock, the due entries
   and their keys locked ``FOR UPDATE ... SKIP LOCKED`` (concurrent pumps never take one entry
   twice and never wait for each other), then one statement that writes the whole batch (rows
   grouped by changed columns, ``unnest`` arrays) and reads the earliest entry left;
 - the lease keeper's extend: one statement for the whole batch.
+
+With psycopg 3 (``DEBOUNCE_DATABASE_PREPARE``, on by default) the statements are server-side
+prepared (planned once per connection), and a transaction outside any atomic block of the
+caller is sent in pipeline mode: ``BEGIN`` with its first statement, ``COMMIT`` with its
+writes, so a two-statement step is two round trips (``_step``).
 
 SQLite has no row locks: a step's transaction holds the database's write lock. With
 ``transaction_mode`` ``IMMEDIATE`` Django's ``BEGIN IMMEDIATE`` takes it; otherwise the first
@@ -40,9 +50,11 @@ from __future__ import annotations
 import copy
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
-from functools import partial
+from datetime import datetime
+from functools import cache, partial
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
@@ -59,6 +71,7 @@ from django_debounce.backends.database_sql import (
     KINDS,
     STR,
     TIME,
+    Opening,
     Sql,
     Writes,
     adapt_time,
@@ -66,6 +79,7 @@ from django_debounce.backends.database_sql import (
     to_dt,
     to_us,
 )
+from django_debounce.dbtime import from_db
 from django_debounce.dispatch import LABEL
 from django_debounce.keys import dumps
 from django_debounce.models import DebounceDue, DebounceKey
@@ -134,6 +148,41 @@ def _cfg(options: FlightOptions) -> _Cfg:
             collect_bytes=options.collect_bytes,
         )
     return cfg
+
+
+@cache
+def _prepared_cursor() -> type | None:
+    """A psycopg 3 cursor class whose every statement is a server-side prepared statement
+    (bound on the server, parsed and planned once per connection), or ``None`` without
+    psycopg 3 or without pipeline mode (libpq 14)."""
+    try:
+        import psycopg
+    except ImportError:  # psycopg2 or no PostgreSQL driver
+        return None
+    if not psycopg.Pipeline.is_supported():
+        return None
+
+    class PreparedCursor(psycopg.Cursor):  # type: ignore[type-arg]
+        def execute(  # type: ignore[override]
+            self, query: Any, params: Any = None, *, prepare: bool | None = None, **kw: Any
+        ) -> Any:
+            conn = self.connection
+            prepare = prepare is not False
+            if conn.prepare_threshold is not None or not prepare:
+                return super().execute(query, params, prepare=prepare, **kw)
+            # Django's default (None) turns psycopg's preparing off altogether, for poolers;
+            # this cursor's statements are prepared anyway (DEBOUNCE_DATABASE_PREPARE)
+            conn.prepare_threshold = _NEVER
+            try:
+                return super().execute(query, params, prepare=True, **kw)
+            finally:
+                conn.prepare_threshold = None
+
+    return PreparedCursor
+
+
+_NEVER = 1 << 30  # psycopg's prepare_threshold: prepare nothing by count
+_IDLE = 0  # psycopg.pq.TransactionStatus.IDLE: no transaction open
 
 
 def _union(first: list[Any], then: list[Any]) -> list[Any]:
@@ -748,6 +797,66 @@ class _Key:
         return dropped
 
 
+# Two clocks far apart (microseconds) at which a new key's opening is worked out (_opening).
+_T1, _T2 = 1_700_000_000_000_000, 1_800_000_000_123_457
+_PAYLOAD = "\x00payload"  # stands for the call's payload
+
+
+def _opening(cfg: _Cfg, retake: int, direct: int) -> Opening | None:
+    """A trigger on a key that has no row, as ``Sql.merge`` makes it: ``_Key.trigger`` (the
+    rule itself, not a copy) applied to the row ``DebounceKey`` defaults to, at two clocks
+    far apart. A new key's opening moves with the clock: each written column is the same at
+    both (a constant), or the clock plus the same microseconds at both (its times, the
+    message's sequence number), so the statement writes it with its own clock. ``None`` when
+    it is not (a rule that depends on the clock otherwise): such a key takes the locked step.
+    Not for collect mode (its merge is never one statement)."""
+    if cfg.collect:
+        return None
+    fields = {f.column: f for f in DebounceKey._meta.concrete_fields}
+    head = {"key_hash": "kh", "key": "key", "task_name": "task"}
+    out: list[Any] = []
+    for clock in (_T1, _T2):
+        row: list[Any] = [None, "", "", ""]
+        row += [fields[col].get_default() for _a, col, _k in FIELDS]
+        k = _Key(row, cfg, retake, direct)
+        how, msg = k.trigger(clock, _PAYLOAD)
+        if how != "counted":
+            return None
+        cols, values = k.changes()
+        entry = k.attention()
+        if entry is None:
+            return None
+        changed = dict(zip(cols, values, strict=True))
+        countdown = None if msg is None else msg[1]
+        seq = None if msg is None else msg[0] - clock
+        out.append((changed, entry - clock, countdown, seq, k.seq - clock))
+    (a, entry, countdown, seq, _s), (b, entry2, countdown2, seq2, _s2) = out
+    if a.keys() != b.keys() or (entry, countdown, seq) != (entry2, countdown2, seq2):
+        return None
+    if msg is not None and seq != out[0][4]:
+        return None  # the message carries the row's sequence number
+    columns: list[tuple[str, str, Any]] = []
+    for f in DebounceKey._meta.concrete_fields:
+        col = f.column
+        if f.primary_key or (f.null and col not in a):
+            continue  # its default: NULL, or the database's
+        if col in head:
+            columns.append((col, "param", head[col]))
+        elif col in ("created_at", "updated_at"):
+            columns.append((col, "now", 0))
+        elif col not in a:
+            columns.append((col, "const", f.get_default()))
+        elif a[col] == _PAYLOAD and b[col] == _PAYLOAD:
+            columns.append((col, "param", "payload"))
+        elif a[col] == b[col] and KINDS[col] != TIME:
+            columns.append((col, "const", a[col]))
+        elif isinstance(a[col], int) and isinstance(b[col], int) and a[col] - _T1 == b[col] - _T2:
+            columns.append((col, "now", a[col] - _T1))
+        else:
+            return None
+    return Opening(tuple(columns), entry, countdown)
+
+
 def registered_options() -> dict[str, FlightOptions]:
     """Task name -> options of every debounced task registered in this process."""
     from django_debounce.tasks import registered_debounced_tasks
@@ -793,6 +902,80 @@ class DatabaseBackend(BaseBackend):
                 )
             sql = cache[conn.alias] = Sql(conn.vendor, partial(adapt_time, conn.ops))
         return sql
+
+    def _fast(self, conn: Any, sql: Sql) -> bool:
+        """Whether ``conn`` takes the PostgreSQL fast path: psycopg 3 with pipeline mode and
+        ``DEBOUNCE_DATABASE_PREPARE`` on."""
+        return sql.pg and conf.get("DATABASE_PREPARE") and _prepared_cursor() is not None
+
+    def _cursor(self, conn: Any, sql: Sql) -> Any:
+        """A cursor of ``conn`` (Django's wrapper: its errors, query log and execute
+        wrappers). On the fast path its statements are prepared: bound and planned on the
+        server once per connection, not parsed and planned at every call (a merge costs
+        about 100 µs less)."""
+        if not self._fast(conn, sql):
+            return conn.cursor()
+        conn.ensure_connection()
+        raw = conn.connection
+        factory = raw.cursor_factory
+        raw.cursor_factory = _prepared_cursor()
+        try:
+            return conn.cursor()
+        finally:
+            raw.cursor_factory = factory
+
+    @contextmanager
+    def _step(self, conn: Any, sql: Sql, *, lock: bool = True) -> Iterator[Any]:
+        """The transaction of one step and its cursor. On the fast path outside any atomic
+        block, the transaction is sent in psycopg's pipeline mode: ``BEGIN`` goes with the
+        step's first statement and ``COMMIT`` with its last writes, so a step that locks and
+        reads its row, then writes, costs two round trips, not four. Elsewhere (SQLite, a
+        caller's atomic block): ``transaction.atomic``, and SQLite's write lock taken first
+        (``_begin``) unless ``lock`` is false (the step's first statement is a write)."""
+        if not self._fast(conn, sql) or conn.in_atomic_block or not conn.get_autocommit():
+            with transaction.atomic(using=conn.alias), self._cursor(conn, sql) as cursor:
+                if lock:
+                    self._begin(conn, sql, cursor)
+                yield cursor
+            return
+        with self._cursor(conn, sql) as cursor, conn.wrap_database_errors:
+            raw = conn.connection
+            try:
+                with raw.pipeline():
+                    cursor.cursor.execute("BEGIN", prepare=False)
+                    yield cursor
+                    cursor.cursor.execute("COMMIT", prepare=False)
+            except BaseException:
+                try:
+                    if raw.pgconn.transaction_status != _IDLE:
+                        raw.rollback()
+                except Exception:
+                    conn.errors_occurred = True  # Django closes an unusable connection
+                raise
+
+    def _opening(self, conn: Any, sql: Sql, cfg: _Cfg) -> Opening | None:
+        """A new key's opening folded into the merge statement (module function ``_opening``),
+        kept per options; only on the fast path (its one statement is long: prepared)."""
+        if not self._fast(conn, sql):
+            return None
+        cache = self.__dict__.setdefault("_opening_cache", {})
+        try:
+            return cache[cfg]  # type: ignore[no-any-return]
+        except KeyError:
+            retake, direct = self._limits()
+            found = cache[cfg] = _opening(cfg, retake, direct)
+            return found
+
+    KNOWN = 4096  # key hashes a process remembers as having a row (_saw)
+
+    def _saw(self, key_hash: str) -> None:
+        """Remember that ``key_hash`` has a row: its next trigger in this process tries the
+        plain merge alone (``trigger``). A hint only: a row gone since (purged) makes the
+        merge find nothing, and the locked step makes it again."""
+        known = self.__dict__.setdefault("_known", set())
+        if len(known) >= self.KNOWN:
+            known.clear()
+        known.add(key_hash)
 
     def _limits(self) -> tuple[int, int]:
         """Retake (DEBOUNCE_DISPATCH_GRACE) and direct (DEBOUNCE_PUMP_INTERVAL) windows in
@@ -909,18 +1092,37 @@ class DatabaseBackend(BaseBackend):
         sql = self._sql(conn)
         cfg = _cfg(options)
         if sql.pg and not cfg.collect:
-            # the hot path: a plain merge is one statement (see Sql.merge)
-            head = [payload_json, cfg.wait, cfg.max_wait]
-            with conn.cursor() as cursor:
+            # the hot path: a plain merge is one statement (see Sql.merge); so is a new key's
+            # opening on the fast path, folded into it for keys this process has not seen
+            # lately (a longer statement: ~25 us more for a merge)
+            known = self.__dict__.setdefault("_known", set())
+            opening = None if key_hash in known else self._opening(conn, sql, cfg)
+            params = [payload_json, cfg.wait, cfg.max_wait, key_hash]
+            if opening is not None:
+                params += [key, task_name]
+            with self._cursor(conn, sql) as cursor:
                 if now is not None:
-                    cursor.execute(sql.merge(True), [now, *head, key_hash])
+                    cursor.execute(sql.merge(True, opening), [now, *params])
                 else:
-                    cursor.execute(sql.merge(False), [*head, key_hash])
-                merged = cursor.fetchone()
-            if merged is not None:
-                flight_id, pending, due_at = merged
+                    cursor.execute(sql.merge(False, opening), params)
+                done = cursor.fetchone()
+            if done is not None:
+                self._saw(key_hash)
+                due_at = done[-1 if opening is None else 3]
+                if due_at is not None and due_at.tzinfo is None:  # USE_TZ = False
+                    done = [from_db(v) if isinstance(v, datetime) else v for v in done]
+            if done is not None and opening is None:
+                flight_id, pending, due_at = done
                 return TriggerResult(key, flight_id, pending, due_at, False), None
-        with transaction.atomic(using=conn.alias), conn.cursor() as cursor:
+            if done is not None and opening is not None:
+                merged, flight_id, pending, due_at, seq = done
+                if merged:
+                    return TriggerResult(key, flight_id, pending, due_at, False), None
+                msg = None if opening.countdown is None else (seq, opening.countdown)
+                dispatch = self._dispatch(key_hash, msg, task_name, key)
+                result = TriggerResult(key, flight_id, pending, due_at, dispatch is not None)
+                return result, dispatch
+        with self._step(conn, sql, lock=False) as cursor:
             k, at = self._load(cursor, sql, key_hash, options, now, create=(key, task_name))
             assert k is not None
             if k.store != "database":
@@ -929,6 +1131,7 @@ class DatabaseBackend(BaseBackend):
             w = Writes()
             self._collect(w, sql, k, at, reindex=how != "merged")
             sql.run(cursor, w)
+        self._saw(key_hash)
         if how == "dropped":
             return TriggerResult(key, k.flight_id, 0, None, False, dropped=True), None
         dispatch = self._dispatch(key_hash, msg, task_name, key)
@@ -951,8 +1154,7 @@ class DatabaseBackend(BaseBackend):
         for start in range(0, len(items), self.MANY):
             chunk = items[start : start + self.MANY]
             keys = dict(sorted({hashed: key for key, hashed, _p in chunk}.items()))
-            with transaction.atomic(using=conn.alias), conn.cursor() as cursor:
-                self._begin(conn, sql, cursor)
+            with self._step(conn, sql) as cursor:
                 at = self._now_us(cursor, sql, now)
                 rows = [sql.new_key(key, hashed, task_name, at) for hashed, key in keys.items()]
                 cursor.execute(sql.insert_keys(len(rows)), [v for row in rows for v in row])
@@ -1019,8 +1221,7 @@ class DatabaseBackend(BaseBackend):
         retake, direct = self._limits()
         dispatches: list[Dispatch] = []
         again = 0
-        with transaction.atomic(using=conn.alias), conn.cursor() as cursor:
-            self._begin(conn, sql, cursor)
+        with self._step(conn, sql) as cursor:
             at = self._now_us(cursor, sql, now)
             when = sql.time(at)
             if sql.pg:
@@ -1072,8 +1273,7 @@ class DatabaseBackend(BaseBackend):
         conn = connections[self.alias]
         sql = self._sql(conn)
         by_key = sorted(dispatches, key=lambda d: d.key_hash)  # one lock order
-        with transaction.atomic(using=conn.alias), conn.cursor() as cursor:
-            self._begin(conn, sql, cursor)
+        with self._step(conn, sql) as cursor:
             w = Writes()
             for dispatch in by_key:
                 k, at = self._load(cursor, sql, dispatch.key_hash, None, now)
@@ -1088,8 +1288,7 @@ class DatabaseBackend(BaseBackend):
     def fire(self, key_hash, seq, *, task_name, options, now=None, store=None):
         conn = connections[self.alias]
         sql = self._sql(conn)
-        with transaction.atomic(using=conn.alias), conn.cursor() as cursor:
-            self._begin(conn, sql, cursor)
+        with self._step(conn, sql) as cursor:
             k, at = self._load(cursor, sql, key_hash, options, now)
             if k is None:
                 return FireDecision(FireAction.MISSING)
@@ -1156,8 +1355,7 @@ class DatabaseBackend(BaseBackend):
         retry = None if end.ok or end.retry_in is None else int(round(max(end.retry_in, 0) * US))
         conn = connections[self.alias]
         sql = self._sql(conn)
-        with transaction.atomic(using=conn.alias), conn.cursor() as cursor:
-            self._begin(conn, sql, cursor)
+        with self._step(conn, sql) as cursor:
             k, at = self._load(cursor, sql, key_hash, options, now)
             if k is None or k.store != "database":
                 return None
@@ -1184,8 +1382,7 @@ class DatabaseBackend(BaseBackend):
     def heartbeat(self, key_hash, run_id, lease, *, task_name, options, now=None, store=None):
         conn = connections[self.alias]
         sql = self._sql(conn)
-        with transaction.atomic(using=conn.alias), conn.cursor() as cursor:
-            self._begin(conn, sql, cursor)
+        with self._step(conn, sql) as cursor:
             k, at = self._load(cursor, sql, key_hash, options, now)
             if k is None or k.store != "database":
                 return False
@@ -1211,7 +1408,7 @@ class DatabaseBackend(BaseBackend):
                 [runs[i].options.overlap for i in order],
                 retake,
             ]
-            with conn.cursor() as cursor:
+            with self._cursor(conn, sql) as cursor:
                 if now is not None:
                     cursor.execute(sql.extend(True), [now, *params])
                 else:
@@ -1223,8 +1420,7 @@ class DatabaseBackend(BaseBackend):
                 out.append(None if hit is None else (to_us(hit[0]) - to_us(hit[1])) / US)  # type: ignore[operator]
             return out
         results: dict[int, float | None] = {}
-        with transaction.atomic(using=conn.alias), conn.cursor() as cursor:
-            self._begin(conn, sql, cursor)
+        with self._step(conn, sql) as cursor:
             w = Writes()
             for i in order:
                 live: LiveRun = runs[i]
@@ -1247,8 +1443,7 @@ class DatabaseBackend(BaseBackend):
     def flush(self, key_hash, *, task_name, options, now=None):
         conn = connections[self.alias]
         sql = self._sql(conn)
-        with transaction.atomic(using=conn.alias), conn.cursor() as cursor:
-            self._begin(conn, sql, cursor)
+        with self._step(conn, sql) as cursor:
             k, at = self._load(cursor, sql, key_hash, options, now)
             if k is None or k.store != "database":
                 return None
@@ -1263,8 +1458,7 @@ class DatabaseBackend(BaseBackend):
     def cancel(self, key_hash, *, task_name, options, now=None):
         conn = connections[self.alias]
         sql = self._sql(conn)
-        with transaction.atomic(using=conn.alias), conn.cursor() as cursor:
-            self._begin(conn, sql, cursor)
+        with self._step(conn, sql) as cursor:
             k, at = self._load(cursor, sql, key_hash, options, now)
             if k is None or k.store != "database":
                 return 0

@@ -76,7 +76,7 @@ FIELDS: tuple[tuple[str, str, str], ...] = (
 HEAD = ("id", "key_hash", "key", "task_name")
 # Kinds of the other columns a step may write.
 KINDS: dict[str, str] = {c: kind for _a, c, kind in FIELDS}
-KINDS.update({"watchdog_at": TIME, "merge_until": TIME})
+KINDS.update({"created_at": TIME, "watchdog_at": TIME, "merge_until": TIME})
 
 RUN_COLUMNS = (
     "debounce_key_id",
@@ -142,6 +142,19 @@ class Writes:
     unindex: list[str] = field(default_factory=list)
     runs_new: list[list[Any]] = field(default_factory=list)
     runs_end: list[tuple[int, int, str, Any, str]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Opening:
+    """The row a trigger makes for a key that has none (``database._opening``), as a function
+    of the statement's clock: ``columns`` are ``(column, how, value)``, how ``"const"`` (value
+    a literal), ``"now"`` (the clock plus value microseconds) or ``"param"`` (value names the
+    call's own: ``key``, ``kh``, ``task`` or ``payload``); ``entry``: its index entry, in
+    microseconds after the clock; ``countdown``: its message's (``None``: none)."""
+
+    columns: tuple[tuple[str, str, Any], ...]
+    entry: int
+    countdown: int | None
 
 
 class Sql:
@@ -247,13 +260,20 @@ class Sql:
 
     # -- the merge hot path (PostgreSQL) ----------------------------------------------------
 
-    def merge(self, given_now: bool) -> str:
+    def merge(self, given_now: bool, opening: Opening | None = None) -> str:
         """A trigger that only joins the open flight (``KeyModel.is_plain_merge``; the caller
         excludes collect mode) in one ``UPDATE ... RETURNING``. Twin of the hot path of
         trigger.lua: the due time moves later only, the index entry stays, and no indexed
         column changes (PostgreSQL updates the row in place, HOT). Parameters: [now,] payload,
-        wait_us, max_wait_us (None: no max_wait), key_hash."""
-        text = self._texts.get(("merge", given_now))
+        wait_us, max_wait_us (None: no max_wait), key_hash; with ``opening``, then key and
+        task name.
+
+        With ``opening``, a key that has no row gets it in the same statement, its flight
+        opened, and its index entry (``INSERT ... SELECT ... WHERE NOT EXISTS`` the merge, ``ON
+        CONFLICT DO NOTHING``): a new key costs one statement, as a merge does. Rows: (merged,
+        flight id, pending, due time, sequence number of the opening's message); none when
+        the key has a row the merge leaves alone (the caller takes the locked step)."""
+        text = self._texts.get(("merge", given_now, opening))
         if text is None:
             now = "%s::timestamptz" if given_now else "STATEMENT_TIMESTAMP()"
             us = "::bigint * INTERVAL '1 microsecond'"
@@ -263,19 +283,61 @@ class Sql:
                 "(CASE WHEN c.mw IS NULL THEN k.bound_at ELSE LEAST(k.bound_at,"
                 f" COALESCE(k.anchor_at, k.first_trigger_at) + c.mw{us}) END)"
             )
-            text = self._texts["merge", given_now] = (
+            given = (
+                f"SELECT {now} AS now, %s::text AS payload, %s::bigint AS wait, %s::bigint AS mw"
+            )
+            update = (
                 f"UPDATE {q(KEY)} AS k SET pending = k.pending + 1, triggers = k.triggers + 1,"
                 " last_trigger_at = c.now, payload = c.payload::jsonb,"
                 f" bound_at = {bound},"
                 " due_at = GREATEST(CASE WHEN k.due_fixed THEN k.due_at ELSE GREATEST(k.due_at,"
                 f" LEAST(c.now + c.wait{us}, {bound})) END, k.not_before)"
-                f" FROM (SELECT {now} AS now, %s::text AS payload, %s::bigint AS wait,"
-                " %s::bigint AS mw) AS c"
-                " WHERE k.key_hash = %s AND k.store = 'database' AND k.pending > 0"
+                " FROM {c} WHERE k.key_hash = {kh} AND k.store = 'database' AND k.pending > 0"
                 " AND (k.running_until IS NULL OR k.running_until > c.now)"
                 " RETURNING k.flight_id, k.pending, k.due_at"
             )
+            if opening is None:
+                text = update.format(c=f"({given}) AS c", kh="%s")
+            else:
+                cols = ", ".join(q(c) for c, _how, _v in opening.columns)
+                exprs = ", ".join(self._opening_expr(c, how, v) for c, how, v in opening.columns)
+                text = (
+                    f"WITH c AS ({given}, %s::text AS kh, %s::text AS key, %s::text AS task),"
+                    f" m AS ({update.format(c='c', kh='c.kh')}),"
+                    f" o AS (INSERT INTO {q(KEY)} ({cols}) SELECT {exprs} FROM c"
+                    " WHERE NOT EXISTS (SELECT 1 FROM m) ON CONFLICT (key_hash) DO NOTHING"
+                    " RETURNING flight_id, pending, due_at, scheduled_seq, key_hash, task_name,"
+                    " updated_at),"
+                    f" d AS (INSERT INTO {q(DUE)} (key_hash, task_name, due_at)"
+                    f" SELECT key_hash, task_name, updated_at + {opening.entry}{us} FROM o"
+                    " ON CONFLICT (key_hash) DO UPDATE SET due_at = excluded.due_at,"
+                    " task_name = excluded.task_name)"
+                    " SELECT TRUE, flight_id, pending, due_at, 0::bigint FROM m"
+                    " UNION ALL SELECT FALSE, flight_id, pending, due_at, scheduled_seq FROM o"
+                )
+            self._texts["merge", given_now, opening] = text
         return text
+
+    @staticmethod
+    def _opening_expr(column: str, how: str, value: Any) -> str:
+        """The value of ``column`` in a new key's row (``Opening``), from the statement's
+        ``c``: the clock, the call's own values, or a literal."""
+        kind = KINDS.get(column, STR)
+        if how == "now":  # the clock plus value microseconds
+            if kind == TIME:
+                return f"c.now + {int(value)}::bigint * INTERVAL '1 microsecond'"
+            return f"(round(extract(epoch FROM c.now) * 1000000)::bigint + {int(value)})"
+        if how == "param":  # key, kh, task or payload
+            return "c.payload::jsonb" if value == "payload" else f"c.{value}"
+        if value is None:
+            return f"NULL::{kind}"
+        if isinstance(value, bool):
+            return "TRUE" if value else "FALSE"
+        if isinstance(value, int):
+            return f"{value}::bigint"
+        if isinstance(value, str) and kind == STR:
+            return "'" + value.replace("'", "''") + "'::text"
+        raise ValueError(f"no literal for {column} = {value!r}")
 
     # -- the pump --------------------------------------------------------------------------
 

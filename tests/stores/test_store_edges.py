@@ -609,3 +609,53 @@ def test_database_trigger_many_takes_over_a_row_redis_holds_as_trigger_does():
         assert [seen(p) for p in many] == [seen(p) for p in one_by_one]
         assert [r.pending for r, _d in many] == [1, 2, 3]  # the Redis flight's stays Redis's
         assert view("database", hashed(2001)) == view("database", hashed(2002))
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"leading": True}, {"leading": True, "trailing": False}, {"max_wait": 0.5},
+     {"wait": 5.0, "max_wait": 7.0}, {"wait": 0.0}, {"overlap": True},
+     {"leading": False, "trailing": False}],
+    ids=["trailing", "leading", "leading-only", "max_wait", "long-wait", "no-wait", "overlap",
+         "no-edge"],
+)  # fmt: skip
+@pytest.mark.django_db(transaction=True)
+def test_a_new_key_opened_in_the_merge_statement_is_the_same_as_the_locked_step(options):
+    """On PostgreSQL a key with no row is made and its flight opened in the merge statement
+    (``Sql.merge`` with an ``Opening``, worked out by ``_Key.trigger`` itself at two clocks):
+    its row (every column but the id, key and creation time), index entry, result and
+    dispatch are those of the locked step (insert or select, then the writes), and so are
+    the triggers that follow. The locked step is forced by remembering the key as one with
+    a row (``_saw``)."""
+    from django.db import connection
+    from django.test import override_settings
+
+    from django_debounce.models import DebounceKey
+
+    if connection.vendor != "postgresql":
+        pytest.skip("the opening is folded into the merge on PostgreSQL only")
+    with override_settings(DEBOUNCE_BACKEND="database", DEBOUNCE_DATABASE_PREPARE=True):
+        db = get_backend()
+        fast, locked = hashed(3001), hashed(3002)
+        db._saw(locked)
+        assert fast not in db._known
+
+        def shown(pair: Any) -> tuple:
+            result, dispatch = pair
+            sent = None if dispatch is None else (dispatch.seq, dispatch.countdown)
+            return asdict(result) | {"key": None}, sent
+
+        def row(h: str) -> dict[str, Any]:
+            values = DebounceKey.objects.filter(key_hash=h).values().get()
+            for name in ("id", "key", "key_hash", "created_at"):
+                values.pop(name)
+            return values
+
+        for n, t in enumerate([0.0, 0.1, 2.0]):  # the opening, then what follows it
+            got = [shown(trig(db, n, t, key_hash=h, **options)) for h in (fast, locked)]
+            assert got[0] == got[1], (n, got)
+            assert row(fast) == row(locked), n
+            assert view("database", fast) == view("database", locked), n
+        # every opening that counts is folded; a trigger that no edge takes (dropped) is not
+        folded = [o is not None for o in db.__dict__["_opening_cache"].values()]
+        assert folded == [options.get("leading", False) or options.get("trailing", True)]
