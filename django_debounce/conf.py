@@ -41,9 +41,10 @@ DEFAULTS: dict[str, Any] = {
     # within it of the step that makes it due is published at once with a countdown.
     "PUMP_INTERVAL": 1.0,
     # The database store on PostgreSQL (psycopg 3): its statements are server-side prepared
-    # statements (planned once per connection). False behind a pooler that cannot keep them
-    # (PgBouncer in transaction mode before 1.21, or with max_prepared_statements = 0).
-    "DATABASE_PREPARE": True,
+    # statements (planned once per connection). None: yes unless the database sets Django's
+    # DISABLE_SERVER_SIDE_CURSORS (asked of a database behind PgBouncer in transaction mode);
+    # a server that loses one (a pooler) turns them off for that database.
+    "DATABASE_PREPARE": None,
     # Entries one take of the pump handles at most.
     "PUMP_BATCH": 500,
     # Messages published and not yet claimed per queue above which a pump waits.
@@ -139,6 +140,7 @@ DURATIONS: dict[str, bool] = {
     "PUMP_INTERVAL": False,
 }
 BOOLEANS = ("ON_COMMIT", "ENABLED", "ADMIN_ENABLED", "PUMP", "DATABASE_PREPARE")
+OPTIONAL_BOOLEANS = ("DATABASE_PREPARE",)  # None: decided by the store
 
 
 def seconds_of(name: str) -> float:
@@ -163,6 +165,8 @@ def problems() -> list[tuple[str, str]]:
         out.append(("DEBOUNCE_LEASE", "DEBOUNCE_LEASE must be more than 0 seconds."))
     for name in BOOLEANS:
         value = get(name)
+        if value is None and name in OPTIONAL_BOOLEANS:
+            continue
         if not isinstance(value, bool):
             out.append(
                 (

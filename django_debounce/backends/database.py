@@ -49,16 +49,17 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
-from functools import cache, partial
+from functools import cache, partial, wraps
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
-from django.db import connections, router, transaction
+from django.db import DatabaseError, connections, router, transaction
 
 from django_debounce import conf
 from django_debounce.backends.base import BaseBackend, LiveRun, Taken
@@ -92,6 +93,8 @@ from django_debounce.state import (
     IndexStats,
     TriggerResult,
 )
+
+logger = logging.getLogger("django_debounce")
 
 US = 1_000_000
 _OVERLAP = [a for a, _c, _k in FIELDS].index("overlap")
@@ -182,6 +185,33 @@ def _prepared_cursor() -> type | None:
 
 
 _NEVER = 1 << 30  # psycopg's prepare_threshold: prepare nothing by count
+# SQLSTATEs of a prepared statement the server does not have, or has already (a pooler that
+# moves a client between server sessions)
+_PREPARED_LOST = ("26000", "42P05")
+
+
+def _retrying(method: Any) -> Any:
+    """A step of ``DatabaseBackend`` (one transaction, or one statement in autocommit), run
+    again unprepared when the server lost a prepared statement (``DatabaseBackend._again``)."""
+
+    @wraps(method)
+    def run(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return self._again(partial(method, self, *args, **kwargs))
+
+    return run
+
+
+def _lost_prepared(exc: BaseException) -> bool:
+    """Whether ``exc`` (Django's, or the driver's error it wraps) says the server lost, or
+    already had, a prepared statement of this client."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if getattr(seen, "sqlstate", None) in _PREPARED_LOST:
+            return True
+        seen = seen.__cause__
+    return False
+
+
 _IDLE = 0  # psycopg.pq.TransactionStatus.IDLE: no transaction open
 
 
@@ -904,9 +934,57 @@ class DatabaseBackend(BaseBackend):
         return sql
 
     def _fast(self, conn: Any, sql: Sql) -> bool:
-        """Whether ``conn`` takes the PostgreSQL fast path: psycopg 3 with pipeline mode and
-        ``DEBOUNCE_DATABASE_PREPARE`` on."""
-        return sql.pg and conf.get("DATABASE_PREPARE") and _prepared_cursor() is not None
+        """Whether ``conn`` takes the PostgreSQL fast path: psycopg 3 with pipeline mode,
+        outside any atomic block of the caller (a failed statement there would abort the
+        caller's transaction, and ``_again`` could not run the step again), and prepared
+        statements wanted (``_prepares``)."""
+        return (
+            sql.pg
+            and not conn.in_atomic_block
+            and self._prepares(conn)
+            and _prepared_cursor() is not None
+        )
+
+    def _prepares(self, conn: Any) -> bool:
+        """``DEBOUNCE_DATABASE_PREPARE``; when ``None`` (the default), yes unless the
+        database's ``DISABLE_SERVER_SIDE_CURSORS`` is set (what Django asks of a database
+        behind PgBouncer in transaction mode). No for good on a database whose server lost a
+        prepared statement (``_again``)."""
+        if conn.alias in self._unprepared:
+            return False
+        wanted = conf.get("DATABASE_PREPARE")
+        if wanted is None:
+            return not conn.settings_dict.get("DISABLE_SERVER_SIDE_CURSORS")
+        return bool(wanted)
+
+    @property
+    def _unprepared(self) -> set[str]:
+        """Aliases of the databases whose server lost a prepared statement (``_again``)."""
+        return self.__dict__.setdefault("_unprepared_aliases", set())  # type: ignore[no-any-return]
+
+    def _again(self, step: Callable[[], Any]) -> Any:
+        """Run ``step``; when the server lost one of its prepared statements (a pooler that
+        moved this client to another server session: PgBouncer in transaction mode before
+        1.21, or with ``max_prepared_statements = 0``), stop preparing statements on that
+        database in this process, log it once, and run ``step`` again, unprepared. Safe: the
+        failed statement ran alone in autocommit or in the step's own transaction, which was
+        rolled back (``_fast`` is never true inside a caller's atomic block)."""
+        try:
+            return step()
+        except DatabaseError as exc:
+            if not _lost_prepared(exc):
+                raise
+            alias = self.alias
+            self._unprepared.add(alias)
+            logger.warning(
+                "django_debounce: the database %r lost a prepared statement (%s); the "
+                "database store stops preparing its statements there. Behind PgBouncer in "
+                "transaction mode set DEBOUNCE_DATABASE_PREPARE = False or the database's "
+                "DISABLE_SERVER_SIDE_CURSORS = True",
+                alias,
+                exc,
+            )
+            return step()
 
     def _cursor(self, conn: Any, sql: Sql) -> Any:
         """A cursor of ``conn`` (Django's wrapper: its errors, query log and execute
@@ -1083,6 +1161,7 @@ class DatabaseBackend(BaseBackend):
 
     # -- triggers ---------------------------------------------------------------------------
 
+    @_retrying
     def trigger(
         self, *, task_name, key, key_hash, payload_json, options, now=None, unopened=frozenset()
     ):
@@ -1148,46 +1227,70 @@ class DatabaseBackend(BaseBackend):
         made one by one. ``unopened``: as for ``trigger``."""
         conn = connections[self.alias]
         sql = self._sql(conn)
-        retake, direct = self._limits()
         cfg = _cfg(options)
         out: list[tuple[TriggerResult, Dispatch | None]] = []
         for start in range(0, len(items), self.MANY):
-            chunk = items[start : start + self.MANY]
-            keys = dict(sorted({hashed: key for key, hashed, _p in chunk}.items()))
-            with self._step(conn, sql) as cursor:
-                at = self._now_us(cursor, sql, now)
-                rows = [sql.new_key(key, hashed, task_name, at) for hashed, key in keys.items()]
-                cursor.execute(sql.insert_keys(len(rows)), [v for row in rows for v in row])
-                cursor.execute(sql.select_keys(len(keys)), sql.names_param(list(keys)))
-                held = {
-                    k.key_hash: k
-                    for k in (_Key(row, cfg, retake, direct) for row in cursor.fetchall())
-                }
-                counted: set[str] = set()
-                adopted: set[str] = set()
-                beside = self.beside_redis()
-                for key, hashed, payload_json in chunk:
-                    k = held[hashed]
-                    if k.store != "database" and hashed not in adopted:
-                        # once: its store column changes with the writes below
-                        k.adopt(at, beside and hashed not in unopened)
-                        adopted.add(hashed)
-                    how, msg = k.trigger(at, payload_json)
-                    if how != "merged":
-                        counted.add(hashed)  # its index entry is written (as trigger's)
-                    if how == "dropped":
-                        dropped = TriggerResult(key, k.flight_id, 0, None, False, dropped=True)
-                        out.append((dropped, None))
-                        continue
-                    dispatch = self._dispatch(hashed, msg, task_name, key)
-                    result = TriggerResult(
-                        key, k.flight_id, k.pending, to_dt(k.due), dispatch is not None
-                    )
-                    out.append((result, dispatch))
-                w = Writes()
-                for hashed, k in held.items():
-                    self._collect(w, sql, k, at, reindex=hashed in counted)
-                sql.run(cursor, w)
+            out += self._again(
+                partial(
+                    self._trigger_chunk,
+                    conn,
+                    sql,
+                    task_name,
+                    items[start : start + self.MANY],
+                    cfg,
+                    now,
+                    unopened,
+                )
+            )
+        return out
+
+    def _trigger_chunk(
+        self,
+        conn: Any,
+        sql: Sql,
+        task_name: str,
+        chunk: Sequence[tuple[str, str, str]],
+        cfg: _Cfg,
+        now: Any,
+        unopened: frozenset[str],
+    ) -> list[tuple[TriggerResult, Dispatch | None]]:
+        """One transaction of ``trigger_many``: the results of ``chunk``."""
+        retake, direct = self._limits()
+        out: list[tuple[TriggerResult, Dispatch | None]] = []
+        keys = dict(sorted({hashed: key for key, hashed, _p in chunk}.items()))
+        with self._step(conn, sql) as cursor:
+            at = self._now_us(cursor, sql, now)
+            rows = [sql.new_key(key, hashed, task_name, at) for hashed, key in keys.items()]
+            cursor.execute(sql.insert_keys(len(rows)), [v for row in rows for v in row])
+            cursor.execute(sql.select_keys(len(keys)), sql.names_param(list(keys)))
+            held = {
+                k.key_hash: k for k in (_Key(row, cfg, retake, direct) for row in cursor.fetchall())
+            }
+            counted: set[str] = set()
+            adopted: set[str] = set()
+            beside = self.beside_redis()
+            for key, hashed, payload_json in chunk:
+                k = held[hashed]
+                if k.store != "database" and hashed not in adopted:
+                    # once: its store column changes with the writes below
+                    k.adopt(at, beside and hashed not in unopened)
+                    adopted.add(hashed)
+                how, msg = k.trigger(at, payload_json)
+                if how != "merged":
+                    counted.add(hashed)  # its index entry is written (as trigger's)
+                if how == "dropped":
+                    dropped = TriggerResult(key, k.flight_id, 0, None, False, dropped=True)
+                    out.append((dropped, None))
+                    continue
+                dispatch = self._dispatch(hashed, msg, task_name, key)
+                result = TriggerResult(
+                    key, k.flight_id, k.pending, to_dt(k.due), dispatch is not None
+                )
+                out.append((result, dispatch))
+            w = Writes()
+            for hashed, k in held.items():
+                self._collect(w, sql, k, at, reindex=hashed in counted)
+            sql.run(cursor, w)
         return out
 
     # -- the pump ---------------------------------------------------------------------------
@@ -1211,6 +1314,7 @@ class DatabaseBackend(BaseBackend):
             at = time.time_ns() // 1000
         return (to_us(first) - at) / US  # type: ignore[operator]
 
+    @_retrying
     def take(self, tasks, limit, *, now=None):
         tasks = dict(tasks) if tasks is not None else registered_options()
         names = sorted(tasks)
@@ -1269,6 +1373,7 @@ class DatabaseBackend(BaseBackend):
         next_in = None if left is None else (left - at) / US
         return Taken(dispatches, again, next_in)
 
+    @_retrying
     def release(self, dispatches, *, now=None):
         conn = connections[self.alias]
         sql = self._sql(conn)
@@ -1285,6 +1390,7 @@ class DatabaseBackend(BaseBackend):
 
     # -- the worker -------------------------------------------------------------------------
 
+    @_retrying
     def fire(self, key_hash, seq, *, task_name, options, now=None, store=None):
         conn = connections[self.alias]
         sql = self._sql(conn)
@@ -1345,6 +1451,7 @@ class DatabaseBackend(BaseBackend):
             ),
         )
 
+    @_retrying
     def finish(self, key_hash, run_id, end, *, task_name, options, now=None, store=None):
         if end.ok:
             outcome = SUCCESS
@@ -1379,6 +1486,7 @@ class DatabaseBackend(BaseBackend):
                 cursor.execute(sql.run_triggers, [k.covered, k.pk, run_id])
         return self._dispatch(key_hash, msg, task_name, k.key)
 
+    @_retrying
     def heartbeat(self, key_hash, run_id, lease, *, task_name, options, now=None, store=None):
         conn = connections[self.alias]
         sql = self._sql(conn)
@@ -1393,6 +1501,7 @@ class DatabaseBackend(BaseBackend):
             sql.run(cursor, w)
         return True
 
+    @_retrying
     def extend(self, runs, *, now=None):
         if not runs:
             return []
@@ -1440,6 +1549,7 @@ class DatabaseBackend(BaseBackend):
 
     # -- operators --------------------------------------------------------------------------
 
+    @_retrying
     def flush(self, key_hash, *, task_name, options, now=None):
         conn = connections[self.alias]
         sql = self._sql(conn)
@@ -1455,6 +1565,7 @@ class DatabaseBackend(BaseBackend):
             sql.run(cursor, w)
         return self._dispatch(key_hash, msg, task_name, k.key)
 
+    @_retrying
     def cancel(self, key_hash, *, task_name, options, now=None):
         conn = connections[self.alias]
         sql = self._sql(conn)

@@ -659,3 +659,57 @@ def test_a_new_key_opened_in_the_merge_statement_is_the_same_as_the_locked_step(
         # every opening that counts is folded; a trigger that no edge takes (dropped) is not
         folded = [o is not None for o in db.__dict__["_opening_cache"].values()]
         assert folded == [options.get("leading", False) or options.get("trailing", True)]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_server_that_loses_a_prepared_statement_costs_no_trigger(caplog):
+    """A pooler that moves this client to another server session (PgBouncer in transaction
+    mode before 1.21) loses the store's prepared statements; ``DEALLOCATE ALL`` does the same
+    on the real server. The trigger that meets it runs again unprepared and counts once; the
+    store stops preparing on that database and says so; later triggers go on."""
+    from django.db import connection
+    from django.test import override_settings
+
+    from django_debounce.models import DebounceKey
+
+    if connection.vendor != "postgresql":
+        pytest.skip("prepared statements are the PostgreSQL fast path's")
+    with override_settings(DEBOUNCE_BACKEND="database"):  # DEBOUNCE_DATABASE_PREPARE None
+        db = get_backend()
+        assert db._prepares(connection)
+        h = hashed(3101)
+        trig(db, 1, 0.0, key_hash=h)  # opened in the merge statement, prepared
+        trig(db, 2, 0.1, key_hash=h)  # the plain merge, prepared
+        with connection.cursor() as cursor:
+            cursor.execute("DEALLOCATE ALL")
+        result, _ = trig(db, 3, 0.2, key_hash=h)
+        assert result.pending == 3
+        assert "lost a prepared statement" in caplog.text
+        assert not db._prepares(connection)
+        result, _ = trig(db, 4, 0.3, key_hash=h)
+        assert result.pending == 4
+        row = DebounceKey.objects.get(key_hash=h)
+        assert (row.triggers, row.pending) == (4, 4)
+
+
+@pytest.mark.django_db
+def test_a_database_behind_a_transaction_pooler_is_not_prepared_for():
+    """Django asks for ``DISABLE_SERVER_SIDE_CURSORS`` on a database behind PgBouncer in
+    transaction mode: with ``DEBOUNCE_DATABASE_PREPARE`` left at ``None`` the store prepares
+    nothing there; ``True`` and ``False`` decide for every database."""
+    from django.db import connection
+    from django.test import override_settings
+
+    with override_settings(DEBOUNCE_BACKEND="database"):
+        db = get_backend()
+        assert db._prepares(connection)
+        saved = connection.settings_dict.get("DISABLE_SERVER_SIDE_CURSORS")
+        connection.settings_dict["DISABLE_SERVER_SIDE_CURSORS"] = True
+        try:
+            assert not db._prepares(connection)
+            with override_settings(DEBOUNCE_DATABASE_PREPARE=True):
+                assert get_backend()._prepares(connection)
+        finally:
+            connection.settings_dict["DISABLE_SERVER_SIDE_CURSORS"] = saved
+    with override_settings(DEBOUNCE_BACKEND="database", DEBOUNCE_DATABASE_PREPARE=False):
+        assert not get_backend()._prepares(connection)
