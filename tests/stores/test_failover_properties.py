@@ -244,15 +244,19 @@ class Player:
             self.keys.append(Key(i, label, key_hash(name, label), name, opts))
 
     def play(self, steps: Sequence[Step]) -> None:
-        """Every step, then heal Redis, drain everything and check the end."""
+        """Every step, then ``end()``."""
         try:
             for step in steps:
                 self.step(*step)
-            self.heal()
-            self.drain()
-            self.check_end()
+            self.end()
         finally:
             self.stack.close()
+
+    def end(self) -> None:
+        """Heal Redis, drain everything and check the end."""
+        self.heal()
+        self.drain()
+        self.check_end()
 
     def step(self, kind: str, a: int, b: int) -> None:
         if kind == "skip":
@@ -917,9 +921,7 @@ def test_an_idle_record_of_redis_clears_the_flight_beside(failover: RedisServer)
             1,
             None,
         )
-        player.heal()
-        player.drain()
-        player.check_end()
+        player.end()
     finally:
         player.stack.close()
 
@@ -964,9 +966,7 @@ def test_a_batch_that_opened_a_redis_flight_before_a_refusal_keeps_the_mark(
                 player.step("trigger", 0, 1)  # merges into the Redis flight, after that claim
                 player.step("flushall", 0, 0)
                 player.step("finish", 0, 0)
-            player.heal()
-            player.drain()
-            player.check_end()
+            player.end()
         finally:
             player.stack.close()
     assert split, "no margin split the batch between Redis and the database store"
@@ -1007,8 +1007,6 @@ def test_a_takeover_marks_a_redis_flight_in_redis_time(
         player.step("trigger", 0, 3)  # merges into flight 2, after the database claim
         player.step("flushall", 0, 0)
         player.step("finish", 0, 0)
-        player.heal()
-        player.drain()
-        player.check_end()
+        player.end()
     finally:
         player.stack.close()
