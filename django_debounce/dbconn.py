@@ -7,19 +7,119 @@ session per tick (~1 session/s per idle worker, ``bench/results/scale.md``). The
 keep their connections instead: an unusable one (after an error) is closed at once, and
 Django's own age rule (``close_old_connections``) is applied only every ``REFRESH`` seconds,
 so a restarted database server or a changed setting is still picked up.
+
+SQLite is the exception. Its rule is that no connection may be open in any thread of a process
+when that process forks (https://www.sqlite.org/howtocorrupt.html, "Carrying an open database
+connection across a fork()"). The prefork pool forks a new child whenever one exits (a
+``max_tasks_per_child`` recycle, a hard time limit, a killed child), at any time, and these
+threads live in the process that forks. A child forked while one of their SQLite connections
+was open failed its own writes with "database is locked" or wrote rows that no other process
+ever saw (and one run of the test suite found its database file corrupt). So on SQLite a tick
+(``thread_tick``) closes its connections when it ends, and a fork waits until no tick is in
+progress (``os.register_at_fork``). Other databases keep their connections: psycopg 3 never
+closes a connection it inherited through a fork, and Celery drops those of the main thread in
+each child.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 from django.db import close_old_connections, connections
 
+logger = logging.getLogger("django_debounce")
+
 REFRESH = 60.0  # seconds between Django's age rule in a worker thread
+FORK_WAIT = 30.0  # seconds a fork waits for the ticks in progress before it goes ahead
 
 _last = threading.local()
+
+
+class _ForkGuard:
+    """Ticks in progress hold it; a fork of this process waits until none does, and no tick
+    starts from the moment a fork waits until it is done (a reader-writer lock whose writer,
+    ``fork()``, goes first: back-to-back ticks never starve it)."""
+
+    def __init__(self) -> None:
+        self._reset()
+
+    def _reset(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._holders: dict[int, int] = {}  # thread ident -> nested holds
+        self._forking = False
+
+    @contextmanager
+    def holding(self) -> Iterator[None]:
+        me = threading.get_ident()
+        with self._cond:
+            if me not in self._holders:  # a nested hold never waits (the fork waits for it)
+                self._cond.wait_for(lambda: not self._forking)
+            self._holders[me] = self._holders.get(me, 0) + 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                left = self._holders.pop(me) - 1
+                if left:
+                    self._holders[me] = left
+                else:
+                    self._cond.notify_all()
+
+    def before_fork(self) -> None:
+        # In the forking thread, which keeps the lock until the fork is done. A tick of the
+        # forking thread itself is not waited for.
+        me = threading.get_ident()
+        self._cond.acquire()
+        self._forking = True
+        if not self._cond.wait_for(lambda: set(self._holders) <= {me}, timeout=FORK_WAIT):
+            logger.warning(
+                "django_debounce: forking while a worker thread still uses SQLite after %.0f s",
+                FORK_WAIT,
+            )
+
+    def after_fork_in_parent(self) -> None:
+        self._forking = False
+        self._cond.notify_all()
+        self._cond.release()
+
+    def after_fork_in_child(self) -> None:
+        self._reset()  # the child has none of the parent's threads, and a lock of its own
+
+
+_fork_guard = _ForkGuard()
+os.register_at_fork(
+    before=_fork_guard.before_fork,
+    after_in_parent=_fork_guard.after_fork_in_parent,
+    after_in_child=_fork_guard.after_fork_in_child,
+)
+
+
+def _uses_sqlite() -> bool:
+    return any(connections[alias].vendor == "sqlite" for alias in connections)
+
+
+@contextmanager
+def thread_tick() -> Iterator[None]:
+    """One tick of a worker thread (the pump, the lease keeper, the recorder):
+    ``tidy_thread_connections()`` first; on a project with an SQLite database the tick also
+    holds the fork guard and closes this thread's SQLite connections when it ends (see the
+    module's docstring)."""
+    tidy_thread_connections()
+    if not _uses_sqlite():
+        yield
+        return
+    with _fork_guard.holding():
+        try:
+            yield
+        finally:
+            for conn in connections.all(initialized_only=True):
+                if conn.vendor == "sqlite" and conn.connection is not None:
+                    conn.close()
 
 
 def tidy_thread_connections(now: float | None = None) -> None:

@@ -155,12 +155,12 @@ class LeaseKeeper:
         self.tracked.pop(request.id, None)
 
     def run(self) -> None:
-        from django_debounce.dbconn import tidy_thread_connections
+        from django_debounce.dbconn import thread_tick
 
         while not self._stop.is_set():
-            tidy_thread_connections()
             try:
-                every = self.tick()
+                with thread_tick():
+                    every = self.tick()
             except Exception:
                 logger.exception("django_debounce: lease keeper tick failed")
                 every = 1.0

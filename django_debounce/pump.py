@@ -226,12 +226,12 @@ class Pump:
         """Tick until ``stop()``, sleeping between ticks (with up to 10% jitter, always
         shorter: a pump never wakes after the entry it sleeps for, nor later than the
         interval after its last peek)."""
-        from django_debounce.dbconn import tidy_thread_connections
+        from django_debounce.dbconn import thread_tick
 
         while not self._stop.is_set():
-            tidy_thread_connections()
             try:
-                sleep = self.tick()
+                with thread_tick():
+                    sleep = self.tick()
             except Exception:  # a bad setting, a store down: log, wait, try again
                 logger.exception("django_debounce: pump tick failed")
                 sleep = 1.0

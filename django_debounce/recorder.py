@@ -407,11 +407,14 @@ class Recorder:
                 logger.exception("django_debounce: recorder failed")
 
     def run(self) -> None:
-        from django_debounce.dbconn import tidy_thread_connections
+        from django_debounce.dbconn import thread_tick
 
         while not self._stop.is_set():
-            tidy_thread_connections()
-            self.tick()
+            try:
+                with thread_tick():
+                    self.tick()
+            except Exception:  # tick() logs its own failures; this is the connections' tidying
+                logger.exception("django_debounce: recorder tick failed")
             self._stop.wait(0.5)
 
     def start(self) -> None:

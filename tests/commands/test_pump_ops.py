@@ -329,3 +329,39 @@ def test_the_worker_threads_keep_their_database_connection_between_ticks():
     assert first is None  # the thread's first tick: not connected yet
     assert second is not None and third is second  # kept from tick to tick
     assert after_refresh is None  # REFRESH later: closed by CONN_MAX_AGE = 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_thread_tick_closes_its_sqlite_connection_and_keeps_any_other():
+    """``thread_tick()``: on SQLite the tick's connection is closed when it ends (no SQLite
+    connection may be open in a thread of a process that forks, tests/unit/test_fork_guard.py);
+    on PostgreSQL it is kept for the next tick."""
+    import threading
+
+    from django.db import connections
+
+    from django_debounce.dbconn import thread_tick
+
+    conn = connections["default"]
+    after: list[Any] = []
+    failures: list[BaseException] = []
+
+    def thread() -> None:
+        try:
+            mine = connections["default"]
+            for _ in range(2):
+                with thread_tick(), mine.cursor() as cursor:
+                    cursor.execute("SELECT 1")
+                after.append(mine.connection)
+            mine.close()
+        except BaseException as exc:  # reported to the test
+            failures.append(exc)
+
+    t = threading.Thread(target=thread)
+    t.start()
+    t.join(timeout=30)
+    assert failures == []
+    if conn.vendor == "sqlite":
+        assert after == [None, None]
+    else:
+        assert after[0] is not None and after[1] is after[0]
