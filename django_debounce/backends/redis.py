@@ -26,7 +26,7 @@ import threading
 from collections import defaultdict
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from functools import cached_property
+from functools import cached_property, lru_cache
 from importlib import resources
 from typing import Any
 
@@ -132,6 +132,7 @@ def _wants_seed(out: Any) -> bool:
     )
 
 
+@lru_cache(maxsize=4096)  # a trigger asks twice (its state key and its script's header)
 def key_id(key_hash: str) -> str:
     """The id of a key in Redis: its SHA-256 (64 hex digits) in unpadded base64url, 43
     characters (the index holds one per pending key: 21 bytes fewer than hex)."""
