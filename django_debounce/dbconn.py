@@ -16,9 +16,11 @@ threads live in the process that forks. A child forked while one of their SQLite
 was open failed its own writes with "database is locked" or wrote rows that no other process
 ever saw (and one run of the test suite found its database file corrupt). So on SQLite a tick
 (``thread_tick``) closes its connections when it ends, and a fork waits until no tick is in
-progress (``os.register_at_fork``). Other databases keep their connections: psycopg 3 never
-closes a connection it inherited through a fork, and Celery drops those of the main thread in
-each child.
+progress (``os.register_at_fork``); a tick that loops over batches ends early when a fork
+waits (``fork_pending``). The recorder's last drain at shutdown, in the stopping thread, is a
+tick too. Celery's fixup closes the forking thread's own inherited connections in each child.
+Other databases keep their connections: psycopg 3 never closes a connection it inherited
+through a fork.
 """
 
 from __future__ import annotations
@@ -43,52 +45,57 @@ _last = threading.local()
 class _ForkGuard:
     """Ticks in progress hold it; a fork of this process waits until none does, and no tick
     starts from the moment a fork waits until it is done (a reader-writer lock whose writer,
-    ``fork()``, goes first: back-to-back ticks never starve it)."""
+    ``fork()``, goes first: back-to-back ticks never starve it). A long tick (a pump batch
+    loop, a recorder drain) asks ``pending()`` between batches and ends early."""
 
     def __init__(self) -> None:
         self._reset()
 
-    def _reset(self) -> None:
+    def _reset(self, keep: dict[int, int] | None = None) -> None:
         self._cond = threading.Condition(threading.Lock())
-        self._holders: dict[int, int] = {}  # thread ident -> nested holds
-        self._forking = False
+        self._holders: dict[int, int] = dict(keep or {})  # thread ident -> nested holds
+        self._forks = 0  # forks waiting or under way (two threads may fork at once)
+
+    def pending(self) -> bool:
+        return self._forks > 0
 
     @contextmanager
     def holding(self) -> Iterator[None]:
         me = threading.get_ident()
         with self._cond:
             if me not in self._holders:  # a nested hold never waits (the fork waits for it)
-                self._cond.wait_for(lambda: not self._forking)
+                self._cond.wait_for(lambda: not self._forks)
             self._holders[me] = self._holders.get(me, 0) + 1
         try:
             yield
         finally:
             with self._cond:
-                left = self._holders.pop(me) - 1
+                left = self._holders.pop(me, 1) - 1
                 if left:
                     self._holders[me] = left
                 else:
                     self._cond.notify_all()
 
     def before_fork(self) -> None:
-        # In the forking thread, which keeps the lock until the fork is done. A tick of the
-        # forking thread itself is not waited for.
+        # In the forking thread. A tick of the forking thread itself is not waited for.
         me = threading.get_ident()
-        self._cond.acquire()
-        self._forking = True
-        if not self._cond.wait_for(lambda: set(self._holders) <= {me}, timeout=FORK_WAIT):
-            logger.warning(
-                "django_debounce: forking while a worker thread still uses SQLite after %.0f s",
-                FORK_WAIT,
-            )
+        with self._cond:
+            self._forks += 1
+            if not self._cond.wait_for(lambda: set(self._holders) <= {me}, timeout=FORK_WAIT):
+                logger.warning(
+                    "django_debounce: forking while a worker thread still uses SQLite after %.0f s",
+                    FORK_WAIT,
+                )
 
     def after_fork_in_parent(self) -> None:
-        self._forking = False
-        self._cond.notify_all()
-        self._cond.release()
+        with self._cond:
+            self._forks -= 1
+            self._cond.notify_all()
 
     def after_fork_in_child(self) -> None:
-        self._reset()  # the child has none of the parent's threads, and a lock of its own
+        # The child has none of the parent's threads but the forking one, and a lock of its own.
+        me = threading.get_ident()
+        self._reset({me: self._holders[me]} if me in self._holders else None)
 
 
 _fork_guard = _ForkGuard()
@@ -97,6 +104,13 @@ os.register_at_fork(
     after_in_parent=_fork_guard.after_fork_in_parent,
     after_in_child=_fork_guard.after_fork_in_child,
 )
+
+
+def fork_pending() -> bool:
+    """Whether a fork of this process waits for the ticks in progress (SQLite projects): a
+    tick that loops over batches ends after the current one, and the next starts after the
+    fork."""
+    return _fork_guard.pending()
 
 
 def _uses_sqlite() -> bool:
@@ -119,7 +133,10 @@ def thread_tick() -> Iterator[None]:
         finally:
             for conn in connections.all(initialized_only=True):
                 if conn.vendor == "sqlite" and conn.connection is not None:
-                    conn.close()
+                    try:
+                        conn.close()
+                    except Exception:  # the others are closed all the same
+                        logger.exception("django_debounce: closing %s failed", conn.alias)
 
 
 def tidy_thread_connections(now: float | None = None) -> None:

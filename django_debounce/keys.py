@@ -15,6 +15,13 @@ RESERVED_PARAMETER = "debounce"
 _NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 
 
+# One encoder for every payload: ``json.dumps`` with these options builds a new encoder per
+# call, a third of its cost for a small payload.
+_encode = json.JSONEncoder(
+    sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+).encode
+
+
 def dumps(value: Any) -> str:
     """Canonical JSON (sorted keys, no spaces, UTF-8 kept): the only encoding we store or send.
 
@@ -23,9 +30,7 @@ def dumps(value: Any) -> str:
     refuses it), a lone surrogate (not UTF-8), nesting deeper than Python's recursion limit.
     """
     try:
-        encoded = json.dumps(
-            value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-        )
+        encoded = _encode(value)
     except (TypeError, ValueError) as exc:
         raise TypeError(
             f"django-debounce stores payloads as JSON and cannot encode {_offender(value)!r}: "

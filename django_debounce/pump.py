@@ -131,6 +131,8 @@ class Pump:
 
     def _pump(self, backend: BaseBackend, tasks: dict[str, Any], batch: int) -> float:
         """Take and publish until nothing is due (or queues are full); the sleep after."""
+        from django_debounce.dbconn import fork_pending
+
         interval = conf.seconds_of("PUMP_INTERVAL")
         next_in = backend.peek(list(tasks))
         while next_in is not None and next_in <= 0:
@@ -147,6 +149,8 @@ class Pump:
             next_in = taken.next_in
             if len(taken.dispatches) < batch:
                 break
+            if fork_pending():  # the pool forks: end this tick, the next one goes on
+                return 0.0
         if next_in is None:
             return interval
         return min(max(next_in, 0.0), interval)

@@ -396,6 +396,8 @@ class Recorder:
         if not force and finished == self._seen and now - self._last < self.SWEEP:
             return
         self._seen, self._last = finished, now
+        from django_debounce.dbconn import fork_pending
+
         for store in redis_stores():
             try:
                 while True:
@@ -403,6 +405,9 @@ class Recorder:
                     self.applied += n
                     if n < BATCH:
                         break
+                    if fork_pending():  # the pool forks: the next tick drains the rest
+                        self._seen = -1
+                        return
             except Exception:
                 logger.exception("django_debounce: recorder failed")
 
@@ -430,4 +435,7 @@ class Recorder:
         self._stop.set()
         if self.thread is not None:
             self.thread.join(timeout=timeout)
-        self.tick(force=True)  # what the last runs recorded
+        from django_debounce.dbconn import thread_tick
+
+        with thread_tick():  # in the stopping thread: a pool may still fork meanwhile
+            self.tick(force=True)  # what the last runs recorded

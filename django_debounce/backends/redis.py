@@ -315,15 +315,26 @@ class RedisBackend(BaseBackend):
     def _head(self, key_hash: str, task_name: str, options: FlightOptions) -> list[Any]:
         """ARGV[2:8] of the single-key scripts (common.lua): id, overlap, retake, direct,
         idle TTL, task name."""
-        retake, direct = self._limits()
-        return [
-            key_id(key_hash),
-            int(options.overlap),
-            retake,
-            direct,
-            idle_ttl_ms(options),
-            task_name,
-        ]
+        return [key_id(key_hash), *self._consts(task_name, options)[0]]
+
+    def _consts(self, task_name: str, options: FlightOptions) -> tuple[list[Any], list[int]]:
+        """The parts of a trigger's script arguments that depend on the task alone: the
+        header after the id (see ``_head``) and trigger.lua's ARGV[9:12] (wait and max_wait in
+        microseconds, edge, collect limit). Kept for the last task asked: the options of a
+        task are one object until a setting changes (its ``flight_options`` cache), and a
+        setting change makes a new backend instance."""
+        consts = self.__dict__.get("_consts_cache")
+        if consts is None or consts[0] is not options or consts[1] != task_name:
+            retake, direct = self._limits()
+            head = [int(options.overlap), retake, direct, idle_ttl_ms(options), task_name]
+            tail = [
+                int(options.wait * US),
+                -1 if options.max_wait is None else int(options.max_wait * US),
+                (2 if not options.trailing else 1) if options.leading else 0,
+                options.collect_limit or 0,
+            ]
+            consts = self.__dict__["_consts_cache"] = (options, task_name, head, tail)
+        return consts[2], consts[3]
 
     def _limits(self) -> tuple[int, int]:
         """Retake and direct windows in microseconds. Read once per backend instance: the
@@ -338,13 +349,10 @@ class RedisBackend(BaseBackend):
     # -- triggers ---------------------------------------------------------------------------
 
     def trigger(self, *, task_name, key, key_hash, payload_json, options, now=None):
-        wait_us = int(options.wait * US)
-        max_wait_us = -1 if options.max_wait is None else int(options.max_wait * US)
-        edge = (2 if not options.trailing else 1) if options.leading else 0
-        limit = options.collect_limit or 0
+        head_consts, tail = self._consts(task_name, options)
+        limit = tail[3]
         rkey = self.state_key(key_hash)
-        head = self._head(key_hash, task_name, options)
-        tail = [wait_us, max_wait_us, edge, limit]
+        head = [key_id(key_hash), *head_consts]
         out = None
         if now is None and not limit and self._direct is not None:
             try:
