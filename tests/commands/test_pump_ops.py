@@ -292,13 +292,33 @@ def test_check_w006_warns_when_the_state_redis_may_evict(state_redis, settings):
     assert w006() == []
 
 
+def in_a_thread(run: Any) -> None:
+    """``run()`` in a thread of its own (database connections are per thread, as the
+    worker's threads' are); what it raises is raised here."""
+    import threading
+
+    failures: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            run()
+        except BaseException as exc:  # reported to the test
+            failures.append(exc)
+
+    t = threading.Thread(target=target)
+    t.start()
+    t.join(timeout=30)
+    assert not t.is_alive(), "the thread did not end within 30 s"
+    if failures:
+        raise failures[0]
+
+
 @pytest.mark.django_db(transaction=True)
 def test_the_worker_threads_keep_their_database_connection_between_ticks():
     """With ``CONN_MAX_AGE = 0`` (Django's default) ``close_old_connections()`` closes every
     connection; the pump's, the lease keeper's and the recorder's threads call
     ``tidy_thread_connections()`` before each tick instead: the connection of one tick is the
     connection of the next, and Django's age rule is applied once every ``REFRESH`` s."""
-    import threading
 
     from django.db import connections
 
@@ -307,24 +327,17 @@ def test_the_worker_threads_keep_their_database_connection_between_ticks():
     alias = "default"
     assert connections[alias].settings_dict["CONN_MAX_AGE"] == 0  # the suite's: Django's default
     seen: list[Any] = []
-    failures: list[BaseException] = []
 
     def thread() -> None:  # connections are per thread: a thread of its own, as the pump's
-        try:
-            conn = connections[alias]
-            for now in (1e9, 1e9 + 1, 1e9 + REFRESH / 2, 1e9 + REFRESH + 1):
-                tidy_thread_connections(now=now)
-                seen.append(conn.connection)  # the connection this tick starts with
-                with conn.cursor() as cursor:
-                    cursor.execute("SELECT 1")
-            conn.close()
-        except BaseException as exc:  # reported to the test
-            failures.append(exc)
+        conn = connections[alias]
+        for now in (1e9, 1e9 + 1, 1e9 + REFRESH / 2, 1e9 + REFRESH + 1):
+            tidy_thread_connections(now=now)
+            seen.append(conn.connection)  # the connection this tick starts with
+            with conn.cursor() as cursor:
+                cursor.execute("SELECT 1")
+        conn.close()
 
-    t = threading.Thread(target=thread)
-    t.start()
-    t.join(timeout=30)
-    assert failures == []
+    in_a_thread(thread)
     first, second, third, after_refresh = seen
     assert first is None  # the thread's first tick: not connected yet
     assert second is not None and third is second  # kept from tick to tick
@@ -336,7 +349,6 @@ def test_a_worker_thread_tick_closes_its_sqlite_connection_and_keeps_any_other()
     """``thread_tick()``: on SQLite the tick's connection is closed when it ends (no SQLite
     connection may be open in a thread of a process that forks, tests/unit/test_fork_guard.py);
     on PostgreSQL it is kept for the next tick."""
-    import threading
 
     from django.db import connections
 
@@ -344,23 +356,16 @@ def test_a_worker_thread_tick_closes_its_sqlite_connection_and_keeps_any_other()
 
     conn = connections["default"]
     after: list[Any] = []
-    failures: list[BaseException] = []
 
     def thread() -> None:
-        try:
-            mine = connections["default"]
-            for _ in range(2):
-                with thread_tick(), mine.cursor() as cursor:
-                    cursor.execute("SELECT 1")
-                after.append(mine.connection)
-            mine.close()
-        except BaseException as exc:  # reported to the test
-            failures.append(exc)
+        mine = connections["default"]
+        for _ in range(2):
+            with thread_tick(), mine.cursor() as cursor:
+                cursor.execute("SELECT 1")
+            after.append(mine.connection)
+        mine.close()
 
-    t = threading.Thread(target=thread)
-    t.start()
-    t.join(timeout=30)
-    assert failures == []
+    in_a_thread(thread)
     if conn.vendor == "sqlite":
         assert after == [None, None]
     else:
