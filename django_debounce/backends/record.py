@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections import defaultdict
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from functools import cache, partial
@@ -191,10 +192,48 @@ def _open_sql(vendor: str, table: str, rows: int) -> str:
     )
 
 
+def _seed_insert(table: str) -> str:
+    """PostgreSQL: ``INSERT`` of the rows of keys new to Redis that share a task, a time and a
+    due time (those of one ``seed_many`` call): only key, key hash and payload vary, so three
+    arrays go out instead of one per column (their encoding was most of the client's work).
+    Parameters: task name, the time, due time and recheck time, then the three arrays."""
+    constants = _constants("postgresql")
+    names = [*VARYING, *constants]
+    at = "%(at)s::timestamptz"
+    values = {
+        "key": "v.key",
+        "key_hash": "v.key_hash",
+        "task_name": "%(task)s::text",
+        "state": "'pending'",
+        "pending": "1",
+        "flight_id": "1",
+        "first_trigger_at": at,
+        "last_trigger_at": at,
+        "due_at": "%(due)s::timestamptz",
+        "payload": "v.payload::jsonb",
+        "triggers": "1",
+        "runs": "0",
+        "merged": "0",
+        "cancelled": "0",
+        "run_id": "0",
+        "created_at": at,
+        "updated_at": at,
+        "recheck_at": "%(recheck)s::timestamptz",
+    }
+    assert list(values) == list(VARYING)
+    return (
+        f"INSERT INTO {table} ({', '.join(names)}) "
+        f"SELECT {', '.join(values.values())}, {', '.join(constants.values())} "
+        "FROM unnest(%(keys)s::text[], %(hashes)s::text[], %(payloads)s::text[]) "
+        "AS v(key, key_hash, payload)"
+    )
+
+
 @cache
-def _seed_sql(vendor: str, table: str, rows: int = 1) -> str:
+def _seed_sql(vendor: str, table: str, rows: int = 1, *, compact: bool = False) -> str:
     """The upsert of keys new to Redis, returning the counters each one's Redis state
-    continues from (the values before this flight) and a flight whose Redis state was lost."""
+    continues from (the values before this flight) and a flight whose Redis state was lost.
+    ``compact`` (PostgreSQL): the rows of ``_seed_insert``, named parameters."""
     lost = f"({table}.state <> 'idle' AND {table}.store = 'redis')"
     sets = [
         "state = 'pending'",
@@ -212,7 +251,7 @@ def _seed_sql(vendor: str, table: str, rows: int = 1) -> str:
     ]
     # a row the database store holds is left alone (and returns nothing: see seed_many)
     return (
-        f"{_insert(vendor, table, rows)} "
+        f"{_seed_insert(table) if compact else _insert(vendor, table, rows)} "
         f"ON CONFLICT (key_hash) DO UPDATE SET {', '.join(sets)} "
         f"WHERE NOT {_held_by_database(table)} "
         "RETURNING key_hash, run_id, flight_id, triggers, runs, merged, cancelled, pending, "
@@ -306,25 +345,51 @@ def seed_many(
     try:
         if _supports_upsert(connection):
             table = DebounceKey._meta.db_table
-            size = 5000 if connection.vendor == "postgresql" else 400
-            for start in range(0, len(items), size):
-                chunk = items[start : start + size]
-                rows = [
-                    _row_fields(
-                        Opened(
-                            key_hash, key, task_name, now_us, "pending", 1, 1,
-                            now_us + int(due_in * US), payload_json, 1, 0, 0, 0, 0,
+            due_us = now_us + int(due_in * US)
+            if connection.vendor == "postgresql" and len(items) > 1:
+                at, due = _dt(now_us), _dt(due_us)
+                tasks: dict[str, list[tuple[str, str, str, str | None]]] = defaultdict(list)
+                for item in items:
+                    tasks[item[2]].append(item)
+                sql = _seed_sql("postgresql", table, compact=True)
+                for task_name, of_task in tasks.items():
+                    for start in range(0, len(of_task), 5000):
+                        chunk = of_task[start : start + 5000]
+                        params = {
+                            "task": task_name,
+                            "at": at,
+                            "due": due,
+                            "recheck": _recheck(due),
+                            "keys": [item[1] for item in chunk],
+                            "hashes": [item[0] for item in chunk],
+                            "payloads": [item[3] for item in chunk],
+                        }
+                        with connection.cursor() as cursor:
+                            cursor.execute(sql, params)
+                            returned = cursor.fetchall()
+                        for row in returned:
+                            out[row[0]] = _seed_of(connection, row[1:])
+            else:
+                size = 5000 if connection.vendor == "postgresql" else 400
+                for start in range(0, len(items), size):
+                    chunk = items[start : start + size]
+                    rows = [
+                        _row_fields(
+                            Opened(
+                                key_hash, key, task_name, now_us, "pending", 1, 1, due_us,
+                                payload_json, 1, 0, 0, 0, 0,
+                            )
                         )
-                    )
-                    for key_hash, key, task_name, payload_json in chunk
-                ]  # fmt: skip
-                with connection.cursor() as cursor:
-                    cursor.execute(
-                        _seed_sql(connection.vendor, table, len(chunk)), _params(connection, rows)
-                    )
-                    returned = cursor.fetchall()
-                for row in returned:
-                    out[row[0]] = _seed_of(connection, row[1:])
+                        for key_hash, key, task_name, payload_json in chunk
+                    ]  # fmt: skip
+                    with connection.cursor() as cursor:
+                        cursor.execute(
+                            _seed_sql(connection.vendor, table, len(chunk)),
+                            _params(connection, rows),
+                        )
+                        returned = cursor.fetchall()
+                    for row in returned:
+                        out[row[0]] = _seed_of(connection, row[1:])
             held = [key_hash for key_hash, *_rest in items if key_hash not in out]
             if not held:
                 return out  # (an empty filter still costs a query's compilation)

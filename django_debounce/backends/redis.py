@@ -33,7 +33,7 @@ from typing import Any
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from django_debounce import conf, dbtime
@@ -280,6 +280,25 @@ class RedisBackend(BaseBackend):
         self._heads: dict[tuple[Any, ...], tuple[bytes, bytes, bytes]] = {}
         return threading.local()
 
+    def _direct_connection(self) -> Any:
+        """This thread's connection of the direct path, checked as redis-py's pool checks one
+        it hands out: one the server closed (a restart, an idle timeout) or that holds unread
+        data is made again before a command goes out on it."""
+        local = self._direct
+        assert local is not None
+        conn = getattr(local, "conn", None)
+        if conn is None or local.pid != os.getpid():
+            pool = self.client.connection_pool
+            conn = local.conn = pool.connection_class(**pool.connection_kwargs)
+            local.pid = os.getpid()
+        else:
+            try:
+                if conn.can_read():  # (connects one never connected or dropped)
+                    raise RedisConnectionError("Connection has data")
+            except (RedisConnectionError, RedisTimeoutError, OSError):
+                conn.disconnect()
+        return conn
+
     def _send_direct(self, packed: bytes) -> Any:
         """Send one packed command on a connection this thread keeps for the trigger hot path
         and read its reply: the hot path skips redis-py's per-command machinery (pool
@@ -288,19 +307,37 @@ class RedisBackend(BaseBackend):
         after a fork. Errors are those of the normal path (``ConnectionError``,
         ``TimeoutError``, ``ResponseError`` such as ``NoScriptError``); the connection is
         dropped on a connection error."""
-        local = self._direct
-        assert local is not None
-        conn = getattr(local, "conn", None)
-        if conn is None or local.pid != os.getpid():
-            pool = self.client.connection_pool
-            conn = local.conn = pool.connection_class(**pool.connection_kwargs)
-            local.pid = os.getpid()
+        conn = self._direct_connection()
         try:
             conn.send_packed_command([packed], check_health=False)
             return conn.read_response()
         except (RedisConnectionError, RedisTimeoutError, OSError):
             conn.disconnect()
             raise
+
+    def _send_direct_many(self, packed: list[bytes]) -> list[Any]:
+        """``_send_direct`` for several packed commands in one write (a pipeline without
+        redis-py's per-command packing and parsing): their replies in order, an error reply
+        (``ResponseError``, such as ``NoScriptError``) as the reply itself, as
+        ``pipeline.execute(raise_on_error=False)`` gives it. A connection error drops the
+        connection and is raised: which of the commands ran is then unknown, as for a
+        pipeline."""
+        conn = self._direct_connection()
+        out: list[Any] = []
+        try:
+            conn.send_packed_command([b"".join(packed)], check_health=False)
+            for _ in packed:
+                try:
+                    out.append(conn.read_response())
+                except ResponseError as exc:  # an error reply: the next reply follows it
+                    out.append(exc)
+        except (RedisConnectionError, RedisTimeoutError, OSError):
+            conn.disconnect()
+            raise
+        except BaseException:  # a reply left unread would be taken for the next command's
+            conn.disconnect()
+            raise
+        return out
 
     def _run(self, op: str, key: str, args: Sequence[Any]) -> Any:
         """EVALSHA of script ``op`` with KEYS[1] = ``key``; loads it again after NOSCRIPT (a
@@ -445,32 +482,48 @@ class RedisBackend(BaseBackend):
         tail = [wait_us, max_wait_us, edge, options.collect_limit or 0]
         script = self.scripts["trigger"]
         replies = self._pipeline_triggers(script, task_name, items, options, tail, now, None)
-        fresh = [i for i, out in enumerate(replies) if _wants_seed(out)]
         seeded: set[int] = set()
         held: set[str] = set()  # keys whose rows the database store holds (seed_many)
-        if fresh:
-            first: dict[str, tuple[str, str, str, str | None]] = {}
+        for _round in range(3):  # a key whose hash vanished again meanwhile asks again
+            fresh = [i for i, out in enumerate(replies) if _wants_seed(out)]
+            if not fresh:
+                break
+            # The first trigger of each key new to Redis opens its record and carries the
+            # seed; the key's later triggers in the batch follow it in the same pipeline and
+            # join the flight it opened as plain triggers, as they would one by one.
+            first: dict[str, int] = {}
             for i in fresh:
-                key, hashed, payload = items[i]
-                first.setdefault(
-                    hashed, (hashed, key, task_name, None if options.collect else payload)
-                )
+                first.setdefault(items[i][1], i)
             seeds = record.seed_many(
-                list(first.values()),
+                [
+                    (items[i][1], items[i][0], task_name, None if options.collect else items[i][2])
+                    for i in first.values()
+                ],
                 options.wait,
                 at_us=max(int(replies[i][1]) for i in fresh),
                 held_out=held,
             )
             again = self._pipeline_triggers(
-                script, task_name, [items[i] for i in fresh], options, tail, now, seeds
+                script,
+                task_name,
+                [items[i] for i in fresh],
+                options,
+                tail,
+                now,
+                [seeds[items[i][1]] if first[items[i][1]] == i else None for i in fresh],
             )
             for i, out in zip(fresh, again, strict=True):
                 replies[i] = out
-                seeded.add(i)
+            seeded.update(first.values())
         results: list[Any] = []
         opened: list[record.Opened] = []
         errors: dict[int, BaseException] = {}
         for i, ((key, hashed, payload), out) in enumerate(zip(items, replies, strict=True)):
+            if _wants_seed(out):
+                out = RuntimeError(
+                    f"The Redis state of key {key!r} vanished three times while this trigger "
+                    "was counted (something deletes it); it was not counted: trigger again."
+                )
             if isinstance(out, BaseException):
                 errors[i] = out
                 results.append(None)
@@ -546,15 +599,22 @@ class RedisBackend(BaseBackend):
         options: FlightOptions,
         tail: list[Any],
         now: datetime | None,
-        seeds: dict[str, str] | None,
+        seeds: Sequence[str | None] | None,
     ) -> list[Any]:
-        """The trigger script for each item in one pipeline (one round trip per node)."""
+        """The trigger script for each item in one pipeline (one round trip per node);
+        ``seeds``: the seed of each item (``record.seed_many``), ``None`` for none."""
 
         def send(indexes: list[int]) -> list[Any]:
+            if self._direct is not None:
+                packed = self._packed_triggers(
+                    script, task_name, items, indexes, options, tail, now, seeds
+                )
+                return self._send_direct_many(packed)
             calls = []
             for i in indexes:
                 key, hashed, payload = items[i]
-                extra = ["", ""] if seeds is None else [short_key(key, task_name), seeds[hashed]]
+                seed = None if seeds is None else seeds[i]
+                extra = ["", ""] if seed is None else [short_key(key, task_name), seed]
                 calls.append(
                     (
                         self.state_key(hashed),
@@ -580,6 +640,48 @@ class RedisBackend(BaseBackend):
             for i, out in zip(missing, send(missing), strict=True):
                 replies[i] = out
         return replies
+
+    def _packed_triggers(
+        self,
+        script: Any,
+        task_name: str,
+        items: Sequence[tuple[str, str, str]],
+        indexes: list[int],
+        options: FlightOptions,
+        tail: list[Any],
+        now: datetime | None,
+        seeds: Sequence[str | None] | None,
+    ) -> list[bytes]:
+        """The commands of ``_pipeline_triggers`` for ``items[i]`` of ``indexes``, packed in
+        RESP (the constant parts once): ``EVALSHA trigger 1 rkey now *head payload *tail
+        short_key seed``, as ``_trigger_hot`` packs one."""
+        sha = script.sha.encode()
+        command = b"*%d\r\n$7\r\nEVALSHA\r\n$%d\r\n%s\r\n$1\r\n1\r\n" % (
+            3 + 1 + 14,
+            len(sha),
+            sha,
+        )
+        start = _pack([str(_now(now)).encode()])
+        middle = _pack([str(a).encode() for a in self._consts(task_name, options)[0]])
+        end = _pack([str(a).encode() for a in tail])
+        unseeded = b"$0\r\n\r\n$0\r\n\r\n"
+        out = []
+        for i in indexes:
+            key, hashed, payload = items[i]
+            k = self.state_key(hashed).encode()
+            d = key_id(hashed).encode()
+            p = payload.encode()
+            seed = None if seeds is None else seeds[i]
+            extra = (
+                unseeded
+                if seed is None
+                else _pack([short_key(key, task_name).encode(), seed.encode()])
+            )
+            out.append(
+                b"%s$%d\r\n%s\r\n%s$%d\r\n%s\r\n%s$%d\r\n%s\r\n%s%s"
+                % (command, len(k), k, start, len(d), d, middle, len(p), p, end, extra)
+            )
+        return out
 
     def _pipelined(self, calls: list[tuple[str, list[Any]]]) -> list[Any]:
         """Run ``(routing key, command)`` calls in one pipeline (per node of a Redis Cluster:

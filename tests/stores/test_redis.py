@@ -281,6 +281,33 @@ def test_redis_url_gives_the_store_a_redis_of_its_own(backend_name, tmp_path, un
         server.stop()
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_redis_restart_fails_no_trigger_on_the_direct_path(tmp_path, unique_tag):
+    """The direct path (a merged trigger, ``trigger_many``) keeps a connection per thread; a
+    server that closed it (a restart, an idle timeout) must not fail the next trigger: the
+    connection is checked before use, as redis-py's pool checks the ones it hands out."""
+    from django_debounce import trigger_many
+
+    server = RedisServer(tmp_path, persistent=True)
+    server.start()
+    try:
+        with override_settings(DEBOUNCE_BACKEND="redis", DEBOUNCE_REDIS_URL=server.url):
+            backend = get_backend("redis")
+            assert backend._direct is not None  # a plain client: the direct path is taken
+            record.trigger(unique_tag)
+            record.trigger(unique_tag)  # merged: the hot path's connection is now open
+            trigger_many(record, [f"{unique_tag}-{i}" for i in range(3)])
+            server.stop()
+            server.start()  # the same data (append-only file), every connection closed
+            record.trigger(unique_tag)
+            trigger_many(record, [f"{unique_tag}-{i}" for i in range(3)])
+            assert backend.live_state(hashed(record, unique_tag))["pending"] == 3
+            for i in range(3):
+                assert backend.live_state(hashed(record, f"{unique_tag}-{i}"))["pending"] == 2
+    finally:
+        server.stop()
+
+
 # -- many processes, awkward keys ------------------------------------------------------------
 
 

@@ -502,10 +502,11 @@ def test_a_cancelled_flight_leaves_the_index(store):
     ids=["trailing", "leading", "leading-only", "max_wait", "collect"],
 )  # fmt: skip
 def test_trigger_many_is_the_same_triggers_one_by_one(store, options):
-    """A ``trigger_many`` batch (repeated keys, keys with no row, an open flight, a live run
-    and an idle key after a run) leaves every key as the same triggers made one by one at the
-    same time, and returns the same results and dispatches: two copies of the same keys, one
-    fed the batch, the other ``trigger`` after ``trigger``."""
+    """A ``trigger_many`` batch (repeated keys, keys with no row, an open flight, a live run,
+    an idle key after a run, and on Redis an open flight whose hash was lost) leaves every key
+    as the same triggers made one by one at the same time, and returns the same results and
+    dispatches: two copies of the same keys, one fed the batch, the other ``trigger`` after
+    ``trigger``."""
     backend = get_backend()
     o = opts(**options)
 
@@ -526,7 +527,10 @@ def test_trigger_many_is_the_same_triggers_one_by_one(store, options):
             key_of(copy, 3), d.claim.run_id, Finish(ok=True), task_name=TASK, options=o,
             now=at(0.5),
         )  # fmt: skip
-    order = [0, 1, 0, 2, 3, 1, 4, 0, 3]  # 0 and 4: no row yet
+        trig(backend, 5, 0.0, key_hash=key_of(copy, 5), **options)  # open flight
+        if store == "redis":  # ... whose hash is lost: its record holds the flight
+            backend.client.delete(backend.state_key(key_of(copy, 5)))
+    order = [0, 1, 0, 2, 5, 3, 1, 4, 0, 3, 5]  # 0 and 4: no row yet
     items = [(f"edge:{i}", key_of(1, i), payload(n)) for n, i in enumerate(order)]
     many = backend.trigger_many(task_name=TASK, items=items, options=o, now=at(1.0))
     one_by_one = [
