@@ -331,10 +331,7 @@ class RedisBackend(BaseBackend):
                     out.append(conn.read_response())
                 except ResponseError as exc:  # an error reply: the next reply follows it
                     out.append(exc)
-        except (RedisConnectionError, RedisTimeoutError, OSError):
-            conn.disconnect()
-            raise
-        except BaseException:  # a reply left unread would be taken for the next command's
+        except BaseException:  # (a reply left unread would be taken for the next command's)
             conn.disconnect()
             raise
         return out

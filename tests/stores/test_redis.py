@@ -299,6 +299,7 @@ def test_a_redis_restart_fails_no_trigger_on_the_direct_path(tmp_path, unique_ta
             trigger_many(record, [f"{unique_tag}-{i}" for i in range(3)])
             server.stop()
             server.start()  # the same data (append-only file), every connection closed
+            # (and no script loaded: the direct path's NOSCRIPT replies load them again)
             record.trigger(unique_tag)
             trigger_many(record, [f"{unique_tag}-{i}" for i in range(3)])
             assert backend.live_state(hashed(record, unique_tag))["pending"] == 3
