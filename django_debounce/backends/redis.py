@@ -291,9 +291,9 @@ class RedisBackend(BaseBackend):
             pool = self.client.connection_pool
             conn = local.conn = pool.connection_class(**pool.connection_kwargs)
             local.pid = os.getpid()
-        else:
+        elif getattr(conn, "_sock", None) is not None:  # (a dropped one connects at send)
             try:
-                if conn.can_read():  # (connects one never connected or dropped)
+                if conn.can_read():
                     raise RedisConnectionError("Connection has data")
             except (RedisConnectionError, RedisTimeoutError, OSError):
                 conn.disconnect()
