@@ -512,6 +512,14 @@ class RedisBackend(BaseBackend):
             for i, out in zip(fresh, again, strict=True):
                 replies[i] = out
             seeded.update(first.values())
+            # A seeded trigger that failed (a refusal: OOM, READONLY) opened nothing, and its
+            # key's later triggers, which found no hash, fail with it: seeding one of them
+            # next would count the failed one again (the row it upserted reads as a lost
+            # flight) and keep the batch from falling back as one.
+            for i in fresh:
+                out = replies[i]
+                if _wants_seed(out) and isinstance(replies[first[items[i][1]]], BaseException):
+                    replies[i] = replies[first[items[i][1]]]
         results: list[Any] = []
         opened: list[record.Opened] = []
         errors: dict[int, BaseException] = {}

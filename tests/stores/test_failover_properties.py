@@ -1010,3 +1010,32 @@ def test_a_takeover_marks_a_redis_flight_in_redis_time(
         player.end()
     finally:
         player.stack.close()
+
+
+@pytest.mark.parametrize("triggers", [1, 4])
+def test_a_refused_batch_of_one_key_new_to_redis_falls_back_whole(
+    failover: RedisServer, triggers: int
+) -> None:
+    """``trigger_many`` of four triggers of one key new to Redis while Redis refuses writes
+    (``OOM``): only the first carries the seed and is refused; the later ones find no hash
+    and ask for a seed, and they share its refusal rather than being seeded in turn (which
+    re-counted the refused trigger and, past three rounds, raised instead of falling back).
+    All of them fall back to the database store, whose flight holds each once."""
+    admin = redis.Redis.from_url(failover.url)
+    admin.config_set("maxmemory-policy", "noeviction")
+    admin.config_set("maxmemory", 1)
+    name = f"{TASK}-refused"
+    h = key_hash(name, f"{name}:k")
+    try:
+        out = get_backend().trigger_many(
+            task_name=name,
+            items=[(f"{name}:k", h, dumps([n])) for n in range(triggers)],
+            options=PLAIN,
+            now=dt(START),
+        )
+    finally:
+        admin.config_set("maxmemory", 0)
+    assert [result.pending for result, _dispatch in out] == list(range(1, triggers + 1))
+    row = DebounceKey.objects.get(key_hash=h)
+    assert (row.store, row.state, row.pending) == ("database", "pending", triggers)
+    assert not admin.exists(get_backend().redis.state_key(h))
