@@ -20,7 +20,10 @@ from tests.support.peek import peek_database, peek_redis, us
 from tests.testapp.models import RunLog
 from tests.testapp.tasks import batch, flaky
 
-pytestmark = pytest.mark.django_db(transaction=True)
+# No worker runs during this module: a session worker left running by earlier modules knows
+# some of these tasks (its pump can take their flights) and drains the Redis store's records
+# (a test read DebounceRun while that worker's recorder was writing the row, and found none).
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_workers")]
 
 H = "5" * 64
 TASK = "testapp.store_semantics"  # registered nowhere: no live worker's pump takes it
