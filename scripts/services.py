@@ -7,7 +7,9 @@
 
 Stdlib only: it runs under the system python3 before any virtualenv exists.
 Every server listens on 127.0.0.1 only, on free ports, and keeps all its
-state under DIR. The Redis Cluster has three masters and no replicas (made with
+state under DIR. DEBOUNCE_TEST_PORTS=LOW-HIGH (e.g. 20000-20999) makes every port (Redis,
+PostgreSQL, the cluster nodes and their bus ports) come from that range, for a machine whose
+users share out port ranges. The Redis Cluster has three masters and no replicas (made with
 redis-cli --cluster create); a cluster that cannot be made fails `up`.
 Missing Debian packages are installed with apt-get.
 """
@@ -15,6 +17,8 @@ Missing Debian packages are installed with apt-get.
 import argparse
 import json
 import os
+import random
+import re
 import shutil
 import signal
 import socket
@@ -110,6 +114,93 @@ def free_port():
         return sock.getsockname()[1]
 
 
+CLUSTER_NODES = 3
+PORTS_ENV = "DEBOUNCE_TEST_PORTS"
+# Redis, PostgreSQL, and each cluster node with its bus port.
+PORTS_NEEDED = 2 + 2 * CLUSTER_NODES
+
+
+def port_range(value, needed=PORTS_NEEDED):
+    """The (low, high) range of DEBOUNCE_TEST_PORTS=value ("20000-20999", both ends included),
+    or None when value is unset or blank. Raises ServiceError naming the accepted form when
+    value is malformed, outside 1024-65535, or holds fewer than needed ports."""
+    if value is None or not value.strip():
+        return None
+    match = re.fullmatch(r"\s*(\d{1,5})\s*-\s*(\d{1,5})\s*", value)
+    form = f"write {PORTS_ENV}=LOW-HIGH, e.g. {PORTS_ENV}=20000-20999 (ports 1024-65535)"
+    if not match:
+        raise ServiceError(f"{PORTS_ENV}={value!r} is not a port range: {form}.")
+    low, high = int(match.group(1)), int(match.group(2))
+    if not 1024 <= low <= high <= 65535:
+        raise ServiceError(
+            f"{PORTS_ENV}={value!r}: the range must run upwards within 1024-65535: {form}."
+        )
+    if high - low + 1 < needed:
+        raise ServiceError(
+            f"{PORTS_ENV}={value!r} holds {high - low + 1} ports; the services need at least "
+            f"{needed} (Redis, PostgreSQL, {CLUSTER_NODES} Redis Cluster nodes and their bus "
+            "ports): give a wider range."
+        )
+    return low, high
+
+
+def port_is_free(port):
+    """Whether a TCP port on 127.0.0.1 can be bound right now."""
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+class Ports:
+    """Hands out free ports, each once: any free port, or with DEBOUNCE_TEST_PORTS one from its
+    range (in random order, so two runs in one range rarely race for the same port)."""
+
+    def __init__(self, value=None):
+        self.range = port_range(value)
+        self.taken = set()
+        self._left = None
+        if self.range is not None:
+            self._left = list(range(self.range[0], self.range[1] + 1))
+            random.shuffle(self._left)
+
+    def pick(self):
+        """A free port not handed out before; ServiceError when the range has none left."""
+        if self._left is None:
+            for _ in range(200):
+                port = free_port()
+                if port not in self.taken:
+                    self.taken.add(port)
+                    return port
+            raise ServiceError("no free port found")
+        while self._left:
+            port = self._left.pop()
+            if port not in self.taken and port_is_free(port):
+                self.taken.add(port)
+                return port
+        low, high = self.range
+        raise ServiceError(
+            f"{PORTS_ENV}={low}-{high}: too few free ports in the range ({len(self.taken)} "
+            f"found, {PORTS_NEEDED} needed; the others are in use): give a wider or another range."
+        )
+
+    def cluster_node(self):
+        """(port, bus port) for a Redis Cluster node: with a range both come from it;
+        without, the bus port is Redis's default, port + 10000, which must be free too."""
+        if self.range is not None:
+            return self.pick(), self.pick()
+        for _ in range(200):
+            port = free_port()
+            bus = port + 10000
+            if port in self.taken or bus > 65535 or bus in self.taken or not port_is_free(bus):
+                continue
+            self.taken.update((port, bus))
+            return port, bus
+        raise ServiceError("no free port pair for a Redis Cluster node")
+
+
 def redis_command(port, command, timeout=1.0):
     """Send one inline command to Redis on port; return the reply line or None."""
     try:
@@ -168,29 +259,11 @@ def start_redis(d, port):
         raise ServiceError(f"{exc}\n{tail(os.path.join(d, 'redis.log'))}") from None
 
 
-CLUSTER_NODES = 3
-
-
-def free_cluster_port(taken):
-    """A free port for a cluster node whose bus port (port + 10000) is free too."""
-    for _ in range(200):
-        port = free_port()
-        if port in taken or port + 10000 > 65535 or port + 10000 in taken:
-            continue
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port + 10000))
-            except OSError:
-                continue
-        return port
-    raise ServiceError("no free port pair for a Redis Cluster node")
-
-
-def start_cluster(d, ports):
-    """Start one cluster-enabled redis-server per port (non-persistent, daemonized, each in
-    d/cluster-<port>), join them as a 3-master cluster, and wait until every node says
-    cluster_state:ok."""
-    for port in ports:
+def start_cluster(d, ports, bus_ports):
+    """Start one cluster-enabled redis-server per port, its bus on the bus port of the same
+    index (non-persistent, daemonized, each in d/cluster-<port>), join them as a 3-master
+    cluster, and wait until every node says cluster_state:ok."""
+    for port, bus in zip(ports, bus_ports, strict=True):
         node = os.path.join(d, f"cluster-{port}")
         os.makedirs(node, exist_ok=True)
         run(
@@ -214,6 +287,7 @@ def start_cluster(d, ports):
                 "nodes.conf",
                 "--cluster-node-timeout",
                 "5000",
+                *(["--cluster-port", str(bus)] if bus != port + 10000 else []),
                 "--pidfile",
                 os.path.join(node, "redis.pid"),
                 "--logfile",
@@ -384,24 +458,18 @@ def up(d):
         down(d)
     os.makedirs(d, exist_ok=True)
     try:
+        ports = Ports(os.environ.get(PORTS_ENV))  # a malformed range fails before apt-get
         ensure_packages()
-        redis_port = free_port()
-        pg_port = free_port()
-        while pg_port == redis_port:
-            pg_port = free_port()
-        cluster_ports = []
-        for _ in range(CLUSTER_NODES):
-            cluster_ports.append(
-                free_cluster_port(
-                    {redis_port, pg_port, *cluster_ports, *(p + 10000 for p in cluster_ports)}
-                )
-            )
+        redis_port = ports.pick()
+        pg_port = ports.pick()
+        nodes = [ports.cluster_node() for _ in range(CLUSTER_NODES)]
+        cluster_ports = [port for port, _bus in nodes]
         with open(os.path.join(d, "state.json"), "w") as fh:
             json.dump(
                 {"redis_port": redis_port, "pg_port": pg_port, "cluster_ports": cluster_ports}, fh
             )
         start_redis(d, redis_port)
-        start_cluster(d, cluster_ports)
+        start_cluster(d, cluster_ports, [bus for _port, bus in nodes])
         start_postgres(d, pg_port)
     except (ServiceError, OSError) as exc:
         print(f"services.py up: ERROR: {exc}", file=sys.stderr)
