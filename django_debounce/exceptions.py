@@ -21,3 +21,14 @@ class UnknownTask(DebounceError):
     Import the module that defines the task in the worker and the web process
     (``app.autodiscover_tasks()``), or purge the stale key with ``debounce_purge``.
     """
+
+
+class UnsupportedArgument(DebounceError, TypeError):
+    """A trigger's argument cannot be stored: it is neither JSON nor one of the types of
+    Django's ``DjangoJSONEncoder`` (``datetime``, ``date``, ``time``, ``timedelta``,
+    ``Decimal``, ``UUID``).
+
+    Raised by ``trigger()`` (and ``trigger_many()``, ``flush()``, ``cancel()``, ``status()``)
+    before anything is counted or deferred to a transaction's commit. Pass an identifier
+    (a primary key) instead of an object; it is a ``TypeError`` too.
+    """

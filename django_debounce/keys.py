@@ -5,9 +5,13 @@ from __future__ import annotations
 import hashlib
 import inspect
 import json
+import math
 import re
 from collections.abc import Callable
 from typing import Any
+
+from django_debounce import argtypes
+from django_debounce.exceptions import UnsupportedArgument
 
 RESERVED_PARAMETER = "debounce"
 # A NUL character in JSON: "\u0000" after an even number of backslashes (an escaped backslash
@@ -16,26 +20,41 @@ _NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 
 
 # One encoder for every payload: ``json.dumps`` with these options builds a new encoder per
-# call, a third of its cost for a small payload.
+# call, a third of its cost for a small payload. ``default`` encodes the types of Django's
+# ``DjangoJSONEncoder`` in one canonical form each (argtypes.py).
 _encode = json.JSONEncoder(
-    sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    sort_keys=True,
+    separators=(",", ":"),
+    ensure_ascii=False,
+    allow_nan=False,
+    default=argtypes.encode,
 ).encode
 
 
 def dumps(value: Any) -> str:
     """Canonical JSON (sorted keys, no spaces, UTF-8 kept): the only encoding we store or send.
 
-    Raises ``TypeError`` naming the offending value when ``value`` is not JSON-serialisable,
+    Besides JSON's own types, ``value`` may hold those of Django's ``DjangoJSONEncoder``
+    (``argtypes.encode`` gives their canonical forms). Raises ``UnsupportedArgument`` (a
+    ``TypeError``) naming the type of the offending value when ``value`` holds any other,
     and ``ValueError`` for JSON no store can keep: a string with a NUL character (PostgreSQL
     refuses it), a lone surrogate (not UTF-8), nesting deeper than Python's recursion limit.
     """
     try:
         encoded = _encode(value)
     except (TypeError, ValueError) as exc:
-        raise TypeError(
-            f"django-debounce stores payloads as JSON and cannot encode {_offender(value)!r}: "
-            f"{exc}. Pass JSON values (str, int, float, bool, None, lists, dicts with str keys), "
-            "for example a primary key instead of a model instance."
+        try:
+            offender = _offender(value)
+        except RecursionError:  # a list or dict that holds itself
+            offender = None
+        if offender is None:
+            offender = value
+        raise UnsupportedArgument(
+            f"django-debounce stores payloads as JSON and cannot encode a value of type "
+            f"{type(offender).__name__} ({_short_repr(offender)}): {exc}. Pass JSON values "
+            f"(str, int, float, bool, None, lists, dicts with str keys) or values of type "
+            f"{argtypes.SUPPORTED_NAMES}: for example a primary key instead of a model "
+            "instance, a list instead of a set."
         ) from None
     except RecursionError:
         raise ValueError(
@@ -80,28 +99,34 @@ def check_size(encoded: str, task_name: str) -> None:
 
 
 def _offender(value: Any) -> Any:
-    """Find the first value inside ``value`` that JSON cannot encode (for error messages)."""
-    if isinstance(value, (str, int, float, bool)) or value is None:
-        return value
+    """The first value inside ``value`` that the encoder refuses, ``None`` when none is
+    found (for error messages)."""
+    if isinstance(value, float):
+        return None if math.isfinite(value) else value
+    if value is None or isinstance(value, (str, int, *argtypes.SUPPORTED)):
+        return None
     if isinstance(value, (list, tuple)):
-        for item in value:
-            found = _offender(item)
-            if not _is_json_scalar(found):
-                return found
-        return value
-    if isinstance(value, dict):
-        for k, v in value.items():
-            if not isinstance(k, str):
+        items: Any = value
+    elif isinstance(value, dict):
+        for k in value:
+            if k is not None and not isinstance(k, (str, int, float)):
                 return k
-            found = _offender(v)
-            if not _is_json_scalar(found):
-                return found
+        items = value.values()
+    else:
         return value
-    return value
+    for item in items:
+        found = _offender(item)
+        if found is not None:
+            return found
+    return None
 
 
-def _is_json_scalar(value: Any) -> bool:
-    return value is None or isinstance(value, (str, int, float, bool, list, tuple, dict))
+def _short_repr(value: Any) -> str:
+    try:
+        text = repr(value)
+    except Exception:
+        text = object.__repr__(value)
+    return text if len(text) <= 80 else f"{text[:77]}..."
 
 
 _HASHES: dict[tuple[str, str], str] = {}

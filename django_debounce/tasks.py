@@ -30,7 +30,7 @@ from django.db import (
     transaction,
 )
 
-from django_debounce import conf, dbtime, observe
+from django_debounce import argtypes, conf, dbtime, observe
 from django_debounce.backends import get_backend
 from django_debounce.backends.base import BaseBackend
 from django_debounce.backends.errors import store_unavailable
@@ -258,13 +258,14 @@ class DebouncedTask(Task):
 
     def call_arguments(self, payload: Any) -> tuple[list[Any], dict[str, Any]]:
         """Turn a stored payload back into the body's positional and keyword arguments
-        (collect mode: the list of items is the one positional argument)."""
+        (collect mode: the list of items is the one positional argument), typed values
+        (``datetime``, ``Decimal``, ``UUID``, ...) decoded as Celery's JSON would decode them."""
         if self.debounce_collect:
-            return [list(payload or [])], {}
+            return [argtypes.decode(list(payload or []))], {}
         if isinstance(payload, list):  # stored as the arguments alone (no keyword arguments)
-            return list(payload), {}
+            return argtypes.decode(payload), {}
         payload = payload or {"args": [], "kwargs": {}}
-        return list(payload["args"]), dict(payload["kwargs"])
+        return argtypes.decode(list(payload["args"])), argtypes.decode(dict(payload["kwargs"]))
 
     def key_of_payload(self, payload: Any) -> str:
         """The readable key of a stored payload (a claim carries no key when Redis kept only
@@ -272,7 +273,7 @@ class DebouncedTask(Task):
         in collect mode (``payload`` is the list of items) the key of the first item."""
         if self.debounce_collect:
             items = list(payload or [])
-            return self._resolve_item((items[0],), {})[0] if items else self.name
+            return self._resolve_item((argtypes.decode(items[0]),), {})[0] if items else self.name
         args, kwargs = self.call_arguments(payload)
         return self._resolve(tuple(args), kwargs)[0]
 

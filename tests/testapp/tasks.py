@@ -36,6 +36,14 @@ def record(tag: str, sleep: float = 0.0, note: str = "", *, debounce: RunInfo) -
     _body("testapp.record", tag, sleep, debounce, payload={"note": note})
 
 
+@debounced_task(wait=0.3, name="testapp.record_args")
+def record_args(tag: str, values: list, *, debounce: RunInfo | None = None) -> None:
+    """Records the type and repr of each of ``values`` as the body received them (a typed
+    argument's round trip through the store, or through Celery's JSON for ``.delay()``)."""
+    seen = [[f"{type(v).__module__}.{type(v).__qualname__}", repr(v)] for v in values]
+    _log("testapp.record_args", tag, debounce, payload=seen)
+
+
 @debounced_task(wait=60, name="testapp.record_slow")
 def record_slow(tag: str, *, debounce: RunInfo) -> None:
     _body("testapp.record_slow", tag, 0, debounce)
