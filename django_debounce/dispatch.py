@@ -11,6 +11,7 @@ waits happen in the store's due index.
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +25,9 @@ logger = logging.getLogger("django_debounce")
 DISPATCH_KWARG = "__debounce__"
 VERSION = 2
 LABEL = 80  # characters of the readable key shown by monitoring
+# A key hash: SHA-256 in lower-case hex (keys.key_hash); anything else names no key, and the
+# stores would fail on it (the Redis store reads its shard from the first four digits).
+_KEY_HASH = re.compile(r"[0-9a-f]{64}")
 RETRY_POLICY = {"max_retries": 1, "interval_start": 0, "interval_step": 0.1, "interval_max": 0.1}
 
 
@@ -41,12 +45,16 @@ class Message:
 
 def parse_message(message: Any) -> Message | None:
     """The ``__debounce__`` value of a task call as a ``Message``; ``None`` when it is malformed
-    (wrong keys or types, a negative or non-integer sequence: logged and dropped by the
-    caller)."""
+    (wrong keys or types, a key hash that is not 64 lower-case hex digits, a negative or
+    non-integer sequence: logged and dropped by the caller)."""
     if not isinstance(message, dict):
         return None
     k, b = message.get("k"), message.get("b")
-    if not isinstance(k, str) or len(k) != 64 or (b is not None and b not in ("d", "r")):
+    if (
+        not isinstance(k, str)
+        or not _KEY_HASH.fullmatch(k)
+        or (b is not None and b not in ("d", "r"))
+    ):
         return None
     keys = set(message)
     if "w" in message:

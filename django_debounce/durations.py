@@ -10,6 +10,10 @@ from django.utils.dateparse import parse_duration
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 MAX = timedelta(days=36500)  # a hundred years: anything longer is a typo
 ACCEPTED = "a number with a unit s, m, h, d or w (e.g. 45s, 30m, 12h, 7d, 2w), or HH:MM:SS"
+# The clock at the end of Django's duration forms ("25:00:00", "1 02:00:00", "3 days
+# 04:05:06", "30:00"): parse_duration adds its fields up unchecked, so "25:61:61" would be
+# 1 day 2:02:01.
+_CLOCK = re.compile(r"(?:^|(?P<days>.*\S)\s+)(\d+):(\d+)(?::(\d+)(?:[.,]\d+)?)?")
 
 
 def parse(value: str) -> timedelta:
@@ -37,4 +41,19 @@ def parse(value: str) -> timedelta:
         parsed = None
     if parsed is None or parsed < timedelta(0):
         raise ValueError(f"{value!r} is not a duration: use {ACCEPTED}.")
+    _check_clock(value)
     return parsed
+
+
+def _check_clock(value: str) -> None:
+    """Raise ``ValueError`` when the clock of ``value`` has a field out of range: minutes or
+    seconds past 59, or hours past 23 after a number of days."""
+    match = _CLOCK.fullmatch(value.strip())
+    if match is None:
+        return
+    first, *rest = (int(field) for field in match.groups()[1:] if field is not None)
+    if any(field > 59 for field in rest) or (match["days"] and len(rest) == 2 and first > 23):
+        raise ValueError(
+            f"{value!r} is not a duration: in HH:MM:SS minutes and seconds run from 00 to 59 "
+            f"(and hours to 23 after a number of days); use {ACCEPTED}."
+        )

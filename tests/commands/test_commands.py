@@ -47,6 +47,25 @@ def test_bad_duration_is_a_command_error_naming_the_form(bad, db):
         run("debounce_purge", f"--older-than={bad}")
 
 
+@pytest.mark.parametrize("bad", ["25:61:61", "00:00:60", "10:60:00", "61:61", "1 25:00:00"])
+def test_a_clock_field_out_of_range_is_refused_naming_the_forms(bad, db):
+    """Django's parse_duration adds the fields up unchecked (``25:61:61`` would purge what is
+    older than 1 day 2:02:01): a minute or second past 59, or an hour past 23 after days, is
+    a typo, refused with the accepted forms."""
+    with pytest.raises(
+        CommandError, match=r"run from 00 to 59.*45s, 30m, 12h, 7d, 2w\), or HH:MM:SS"
+    ):
+        run("debounce_purge", "--older-than", bad, "--dry-run")
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [("25:00:00", timedelta(hours=25)), ("1 23:59:59", timedelta(days=1, seconds=86399))],
+)
+def test_a_clock_in_range_is_still_accepted(text, expected):
+    assert durations.parse(text) == expected
+
+
 def test_bare_number_is_refused_rather_than_read_as_seconds(db):
     with pytest.raises(CommandError, match="no unit: write 7d for days"):
         run("debounce_purge", "--older-than", "7")

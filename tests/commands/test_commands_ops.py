@@ -71,9 +71,21 @@ def test_unknown_task_names_the_accepted_form_and_the_known_tasks(db):
     assert "Did you mean 'testapp.record'" in text  # registered debounced tasks are offered
 
 
-def test_status_bad_limit(db):
-    with pytest.raises(CommandError, match="--limit must be a positive integer"):
-        run("debounce_status", "--limit", "0")
+@pytest.mark.parametrize("limit", ["0", "-5", "1e20", "99999999999999999999", "100.0", "1000001"])
+def test_status_bad_limit(db, limit):
+    """A limit that is no count (or one past what a listing can show: ``1e20`` in digits
+    overflowed the database's LIMIT and was reported as missing tables) names the accepted
+    values."""
+    with pytest.raises(CommandError, match=r"--limit must be a positive integer up to 1,000,000"):
+        run("debounce_status", "--limit", limit)
+
+
+def test_status_bad_limit_from_the_shell():
+    proc = shell("debounce_status", "--limit", "1e20")
+    assert proc.returncode == 2, proc.stderr
+    assert "argument --limit: --limit must be a positive integer up to 1,000,000" in proc.stderr
+    assert "got '1e20'" in proc.stderr
+    assert "debounce tables" not in proc.stderr and "Traceback" not in proc.stderr
 
 
 def _age(key_ids, days=10):

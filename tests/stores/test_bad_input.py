@@ -144,6 +144,10 @@ def test_bad_purge_arguments_are_command_errors(args, text):
         {"k": 7, "s": 1, "b": "r", "v": 2},
         {"k": "a" * 64, "s": 1, "b": "x", "v": 2},
         {"k": "a" * 64, "s": 1, "b": "r", "v": 99},
+        {"k": "z" * 64, "s": 1, "b": "r", "v": 2},
+        {"k": "A" * 64, "s": 1, "b": "d", "v": 2},
+        {"k": "é" * 64, "s": 1, "v": 2},
+        {"k": "z" * 64, "w": 1, "b": "r"},
         "not a dict",
     ],
 )

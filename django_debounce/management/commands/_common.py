@@ -4,6 +4,7 @@ take this module for a command (its name starts with ``_``)."""
 
 from __future__ import annotations
 
+import argparse
 import difflib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -13,6 +14,29 @@ from django.db import DatabaseError, connections, router
 
 from django_debounce.exceptions import UnknownTask
 from django_debounce.models import DebounceKey
+
+# Most keys ``debounce_status --limit`` lists: past it a table says nothing more (and a huge
+# number overflowed the database's LIMIT, reported as missing tables).
+MAX_LIMIT = 1_000_000
+
+
+def limit_error(text: object) -> str:
+    """What ``--limit`` says about a value that is not an integer from 1 to ``MAX_LIMIT``."""
+    return (
+        f"--limit must be a positive integer up to {MAX_LIMIT:,} (keys listed), e.g. "
+        f"--limit 100; got {str(text)!r}."
+    )
+
+
+def limit(text: str) -> int:
+    """The argparse ``type`` of ``--limit``: digits only (``1e20`` and ``100.0`` are not
+    counts), from 1 to ``MAX_LIMIT``; else ``ArgumentTypeError`` (a ``CommandError`` under
+    ``call_command``, exit status 2 from a shell) naming the accepted values."""
+    stripped = text.strip()
+    digits = stripped.isascii() and stripped.isdigit() and len(stripped) <= 12
+    if not digits or not 1 <= int(stripped) <= MAX_LIMIT:
+        raise argparse.ArgumentTypeError(limit_error(text))
+    return int(stripped)
 
 
 def database_of(alias: str | None) -> str:

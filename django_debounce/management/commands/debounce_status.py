@@ -8,7 +8,14 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_debounce import dbtime, display, live
-from django_debounce.management.commands._common import check_task, database_of, tables_in
+from django_debounce.management.commands._common import (
+    MAX_LIMIT,
+    check_task,
+    database_of,
+    limit,
+    limit_error,
+    tables_in,
+)
 from django_debounce.models import DebounceKey
 from django_debounce.recovery import registered_names
 
@@ -28,7 +35,11 @@ class Command(BaseCommand):
             help="one key, by its readable text (as the admin shows it), whatever its state",
         )
         parser.add_argument(
-            "--limit", type=int, default=100, metavar="N", help="at most N keys (default 100)"
+            "--limit",
+            type=limit,
+            default=100,
+            metavar="N",
+            help=f"at most N keys (default 100, at most {MAX_LIMIT:,})",
         )
         parser.add_argument(
             "--index",
@@ -49,8 +60,9 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        if options["limit"] < 1:
-            raise CommandError("--limit must be a positive integer, e.g. --limit 100.")
+        given = options["limit"]  # call_command(limit=...) skips the argparse type
+        if isinstance(given, bool) or not isinstance(given, int) or not 1 <= given <= MAX_LIMIT:
+            raise CommandError(limit_error(given))
         alias = database_of(options["database"])
         with tables_in(alias):
             if options["task"]:
