@@ -32,3 +32,15 @@ class UnsupportedArgument(DebounceError, TypeError):
     before anything is counted or deferred to a transaction's commit. Pass an identifier
     (a primary key) instead of an object; it is a ``TypeError`` too.
     """
+
+
+class IntegerTooLong(DebounceError, ValueError):
+    """A trigger's argument holds an integer with more digits than Python turns into text
+    (``sys.get_int_max_str_digits()``, 4300 by default), so its JSON payload cannot be built.
+
+    Raised by ``trigger()`` (and ``trigger_many()``, ``flush()``, ``cancel()``, ``status()``)
+    before anything is counted or deferred to a transaction's commit. Pass the number as a
+    string and convert it in the body, or raise the limit (``sys.set_int_max_str_digits()``
+    or ``PYTHONINTMAXSTRDIGITS``) in every process that triggers or runs the task; it is a
+    ``ValueError`` too.
+    """

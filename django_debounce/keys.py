@@ -7,11 +7,12 @@ import inspect
 import json
 import math
 import re
+import sys
 from collections.abc import Callable
 from typing import Any
 
 from django_debounce import argtypes
-from django_debounce.exceptions import UnsupportedArgument
+from django_debounce.exceptions import IntegerTooLong, UnsupportedArgument
 
 RESERVED_PARAMETER = "debounce"
 # A NUL character in JSON: "\u0000" after an even number of backslashes (an escaped backslash
@@ -38,11 +39,13 @@ def dumps(value: Any) -> str:
     (``argtypes.encode`` gives their canonical forms). Raises ``UnsupportedArgument`` (a
     ``TypeError``) naming the type of the offending value when ``value`` holds any other,
     and ``ValueError`` for JSON no store can keep: a string with a NUL character (PostgreSQL
-    refuses it), a lone surrogate (not UTF-8), nesting deeper than Python's recursion limit.
+    refuses it), a lone surrogate (not UTF-8), nesting deeper than Python's recursion limit,
+    an integer longer than Python's ``int_max_str_digits`` (``IntegerTooLong``).
     """
     try:
         encoded = _encode(value)
     except (TypeError, ValueError) as exc:
+        _check_int_digits(value)
         try:
             offender = _offender(value)
         except RecursionError:  # a list or dict that holds itself
@@ -63,6 +66,37 @@ def dumps(value: Any) -> str:
         ) from None
     check_text(encoded, "payload")
     return encoded
+
+
+def _check_int_digits(value: Any) -> None:
+    """Raise ``IntegerTooLong`` naming the limit and the fix when ``value`` holds an integer
+    that Python refuses to turn into text (more than ``sys.get_int_max_str_digits()``
+    digits); JSON's own error only says "Exceeds the limit (4300 digits) for integer string
+    conversion". Called on the error path only: it walks the whole value."""
+    limit = sys.get_int_max_str_digits()
+    if not limit:
+        return
+    stack, seen = [value], set()
+    while stack:
+        item = stack.pop()
+        if isinstance(item, int):
+            if item.bit_length() > limit * 3:  # 3.32 bits a digit: a cheap pre-check
+                try:
+                    int.__repr__(item)
+                except ValueError:
+                    raise IntegerTooLong(
+                        f"django-debounce cannot store an integer of more than {limit:,} "
+                        f"digits (about {int(item.bit_length() * math.log10(2)) + 1:,}): "
+                        "payloads are JSON text, and Python turns at most "
+                        "sys.get_int_max_str_digits() digits into text. Pass the number as "
+                        "a string (str(n) after sys.set_int_max_str_digits(0) in your code) "
+                        "and convert it in the task body, or raise the limit "
+                        "(sys.set_int_max_str_digits(), PYTHONINTMAXSTRDIGITS) in every "
+                        "process that triggers or runs the task."
+                    ) from None
+        elif isinstance(item, (list, tuple, dict)) and id(item) not in seen:
+            seen.add(id(item))
+            stack.extend(item.values() if isinstance(item, dict) else item)
 
 
 def check_text(text: str, what: str) -> None:

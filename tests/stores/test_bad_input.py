@@ -9,8 +9,10 @@ import logging
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management import CommandError, call_command
+from django.db import transaction
 
 from django_debounce import debounced_task, trigger_many
+from django_debounce.exceptions import IntegerTooLong
 from django_debounce.models import DebounceKey
 from tests.testapp.models import Item
 from tests.testapp.tasks import item_saved, record
@@ -36,6 +38,10 @@ BAD_ARGUMENTS = [
     pytest.param((object(),), TypeError, "cannot encode", id="not-json"),
     pytest.param((float("nan"),), TypeError, "cannot encode", id="nan"),
     pytest.param(("x" * 70_000,), ValueError, "DEBOUNCE_MAX_PAYLOAD", id="too-large"),
+    pytest.param((10**5000,), IntegerTooLong, "integer of more than 4,300 digits", id="int-5001"),
+    pytest.param(
+        ("ok", 0.0, {"n": [-(10**4300)]}), IntegerTooLong, "set_int_max_str_digits", id="int-deep"
+    ),
 ]
 
 
@@ -53,6 +59,20 @@ def test_a_bad_argument_is_refused_before_anything_is_stored(store, args, error,
     with pytest.raises(error, match=text):
         trigger_many(record, [("fine",), args])
     assert nothing_stored(record), "trigger_many checks every item before counting one"
+
+
+def test_a_too_long_integer_names_the_limit_and_the_fix_inside_a_transaction(store):
+    """Python's own text ("Exceeds the limit (4300 digits) for integer string conversion")
+    names neither the argument nor a fix; the error is raised by ``trigger()`` itself, in
+    the transaction, not deferred to its commit (where the caller could no longer act)."""
+    with transaction.atomic():
+        with pytest.raises(IntegerTooLong) as err:
+            record.trigger(10**5000)
+        assert isinstance(err.value, ValueError)
+        assert "Exceeds the limit" not in str(err.value)
+        assert "about 5,001" in str(err.value) and "as a string" in str(err.value)
+    assert nothing_stored(record)
+    assert record.trigger(10**4299).flight_id is not None  # within the limit: stored
 
 
 def test_the_payload_limit_is_a_setting(store, settings):
