@@ -18,7 +18,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.http import urlencode
 from django.utils.translation import gettext_lazy as _
 
-from django_debounce import charts, conf, dbtime, display, live
+from django_debounce import admin_times, charts, conf, dbtime, display, live
 from django_debounce.backends import get_backend
 from django_debounce.exceptions import UnknownTask
 from django_debounce.models import DebounceKey, DebounceRun
@@ -31,7 +31,38 @@ RECENT_RUNS = 20
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
-    """No add, no change of state by hand; viewing needs view permission."""
+    """No add, no change of state by hand; viewing needs view permission. Every time field
+    is shown in the zone Django shows its own times in, with the zone in its heading
+    (``admin_times``)."""
+
+    def __init__(self, model: type[Any], admin_site: admin.AdminSite) -> None:
+        super().__init__(model, admin_site)
+        self.time_columns = admin_times.time_columns(model, self.get_empty_value_display())
+
+    def _local_times(self, names: Any) -> list[Any]:
+        """``names`` (of a list display or a fieldset) with each time field's name replaced
+        by its ``admin_times.time_column``; nested tuples (fields on one line) too."""
+        return [
+            tuple(self._local_times(name))
+            if isinstance(name, (list, tuple))
+            else self.time_columns.get(name, name)
+            if isinstance(name, str)
+            else name
+            for name in names
+        ]
+
+    def get_list_display(self, request: HttpRequest) -> Any:
+        return self._local_times(super().get_list_display(request))
+
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        # Every field is read-only: there is no form to take them from.
+        return self.fields or list(dict.fromkeys(self.get_readonly_fields(request, obj)))
+
+    def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
+        return [
+            (name, {**options, "fields": self._local_times(options["fields"])})
+            for name, options in super().get_fieldsets(request, obj)
+        ]
 
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
@@ -298,7 +329,7 @@ class DebounceKeyAdmin(ReadOnlyAdmin):
                 _("flight"),
                 _("triggers"),
                 _("merged"),
-                _("started"),
+                admin_times.labelled(_("started")),
                 _("delay"),
                 _("duration"),
                 _("outcome"),
@@ -315,7 +346,7 @@ class DebounceKeyAdmin(ReadOnlyAdmin):
                     run.flight_id,
                     run.triggers,
                     run.merged,
-                    run.started_at.strftime("%Y-%m-%d %H:%M:%S"),
+                    admin_times.local(run.started_at).strftime("%Y-%m-%d %H:%M:%S"),
                     display.duration(run.delay),
                     display.duration((run.finished_at - run.started_at).total_seconds())
                     if run.finished_at
@@ -362,7 +393,9 @@ class DebounceKeyAdmin(ReadOnlyAdmin):
         data = summarize(period, page=page)
         length, width = PERIODS[period]
         fmt = "%b %d" if width.days else "%b %d %H:%M" if length.days > 1 else "%H:%M"
-        labels = [start.strftime(fmt) for start in data.bucket_starts]
+        # Buckets, period and chart in the zone Django shows times in, named on the page.
+        labels = [admin_times.local(start).strftime(fmt) for start in data.bucket_starts]
+        zone = admin_times.zone_name()
         rows = [
             {
                 "task": task,
@@ -393,8 +426,12 @@ class DebounceKeyAdmin(ReadOnlyAdmin):
                 data.totals.bucket_triggers,
                 data.totals.bucket_runs,
                 labels,
-                caption=f"triggers in and runs out per {bucket}",
+                caption=f"triggers in and runs out per {bucket}, times in {zone}",
+                note=f"times in {zone}",
             ),
+            "since": admin_times.local(data.since).strftime("%Y-%m-%d %H:%M"),
+            "until": admin_times.local(data.until).strftime("%Y-%m-%d %H:%M"),
+            "zone": zone,
             "bucket": bucket,
             "totals_ratio": f"{data.totals.ratio:.1f}" if data.totals.ratio is not None else "",
             "page_range": range(1, data.pages + 1),

@@ -55,9 +55,12 @@ def bar_chart(
     width: int = 760,
     height: int = 180,
     caption: str = "",
+    note: str = "",
 ) -> SafeString:
     """A chart of ``triggers`` and ``runs`` per bucket (equal-length sequences of counts),
     ``labels`` naming each bucket (the first, middle and last are printed under the axis).
+    ``caption`` is the chart's accessible name; ``note`` is printed at its top right (such as
+    the time zone of the labels).
     Returns an inline ``<svg>`` element, safe to put in a template."""
     left, right, top, bottom = 48.0, 8.0, 22.0, 22.0
     plot_w, plot_h = width - left - right, height - top - bottom
@@ -74,6 +77,11 @@ def bar_chart(
         f'<rect x="{left + 90}" y="4" width="10" height="10" fill="{RUNS_COLOUR}"/>',
         f'<text x="{left + 104}" y="13" {TEXT_STYLE}>runs out</text>',
     ]
+    if note:
+        parts.append(
+            f'<text class="debounce-chart-note" x="{width - right}" y="13" text-anchor="end" '
+            f"{TEXT_STYLE}>{escape(note)}</text>"
+        )
     parts += _bars(triggers, runs, labels, left=left, top=top, width=plot_w, height=plot_h)
     n = len(labels)
     if n:

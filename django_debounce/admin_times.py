@@ -1,0 +1,73 @@
+"""Times on the admin pages, in the zone Django's admin shows its own times in, and named.
+
+Django shows a time in the current time zone under ``USE_TZ = True`` and as stored, naive in
+``TIME_ZONE``, under ``USE_TZ = False``
+(https://docs.djangoproject.com/en/stable/topics/i18n/timezones/). This app's fields give aware
+UTC times under either setting (``dbtime``), which Django's admin would print unconverted, so
+as UTC, under ``USE_TZ = False``: hours apart from a project's own fields on the same page.
+Every time the debounce pages show goes through ``local``, and the heading over it names the
+zone (``labelled``), since a bare time can be read as UTC or as local.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime, tzinfo
+from typing import Any
+
+from django.conf import settings
+from django.contrib import admin
+from django.db import models
+from django.utils import formats, timezone
+from django.utils.functional import lazy
+
+
+def zone() -> tzinfo:
+    """The zone Django shows times in: the current one with ``USE_TZ``, else ``TIME_ZONE``
+    (the zone of the naive times in the database)."""
+    return timezone.get_current_timezone() if settings.USE_TZ else timezone.get_default_timezone()
+
+
+def zone_name() -> str:
+    """The name of ``zone()``, such as ``"America/New_York"`` or ``"UTC"``."""
+    if settings.USE_TZ:
+        return timezone.get_current_timezone_name()
+    return timezone.get_default_timezone_name()
+
+
+def local(value: datetime) -> datetime:
+    """``value`` (an aware ``datetime``) in ``zone()``, aware."""
+    return timezone.localtime(value, zone())
+
+
+def _labelled(text: Any) -> str:
+    return f"{text} ({zone_name()})"
+
+
+# Lazy: a heading is built once, at import, and named the zone of each request that shows it.
+labelled: Callable[[Any], str] = lazy(_labelled, str)
+labelled.__doc__ = """``text`` followed by the zone's name: ``"started (America/New_York)"``."""
+
+
+def time_column(field: models.Field, empty: str) -> Callable[[Any], str]:
+    """A column or read-only field for the admin that shows the time in ``field`` (a
+    ``DateTimeField`` giving aware times) as Django formats its own (``DATETIME_FORMAT``) in
+    ``zone()``, headed by the field's name and the zone's, sorted by the field, and ``empty``
+    when there is no time. Named as the field, so the page's CSS classes are unchanged."""
+
+    @admin.display(description=labelled(field.verbose_name), ordering=field.name)
+    def show(obj: Any) -> str:
+        value = getattr(obj, field.name)
+        return empty if value is None else formats.localize(local(value))
+
+    show.__name__ = show.__qualname__ = field.name
+    return show
+
+
+def time_columns(model: type[models.Model], empty: str) -> dict[str, Callable[[Any], str]]:
+    """``time_column`` of every ``DateTimeField`` of ``model``, by field name."""
+    return {
+        f.name: time_column(f, empty)
+        for f in model._meta.fields
+        if isinstance(f, models.DateTimeField)
+    }
