@@ -27,8 +27,8 @@ counted (for a trigger made inside a transaction: after the commit):
 - ``pending`` (int): triggers now pending in that flight, this one included.
 - ``due_at`` (datetime): when the flight may run (aware, UTC).
 - ``scheduled`` (bool): this trigger published its flight's dispatch message at once
-  (``False``: merged, or the flight waits in the due index; ``pending == 1``: it opened the
-  flight).
+  (``False``: merged, the flight waits in the due index, or the broker refused the message;
+  ``pending == 1``: it opened the flight).
 
 ``run_started`` is sent in the worker when a flight has been claimed, before the body runs;
 ``run_finished`` after the body returned or raised and the run was recorded. Both pass:

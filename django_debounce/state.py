@@ -101,9 +101,13 @@ class TriggerResult:
     - ``pending``: triggers in that flight, this one included (``None`` while deferred).
     - ``due_at``: aware UTC datetime when the flight may run (``None`` while deferred).
     - ``scheduled``: ``True`` when this trigger published its flight's dispatch message at
-      once (the flight was due within ``DEBOUNCE_PUMP_INTERVAL``); ``False`` when it was
-      merged into a flight, or its flight waits in the due index for a pump. Whether it
+      once and the broker took it (the flight was due within ``DEBOUNCE_PUMP_INTERVAL``);
+      ``False`` when it was merged into a flight, when its flight waits in the due index for
+      a pump, or when the publish failed (then ``publish_failed`` is ``True``). Whether it
       opened the flight: ``pending == 1``.
+    - ``publish_failed``: ``True`` when this trigger's flight was due at once but the broker
+      refused its dispatch message: the trigger is counted all the same, and the flight waits
+      in the due index until a pump publishes it once the broker is back (invariant I8).
     - ``deferred``: ``True`` when the trigger waits for the surrounding transaction to commit.
     - ``dropped``: ``True`` when ``trailing=False`` dropped it inside a leading run's window
       (counted in ``cancelled``; no run will cover it, as lodash debounce).
@@ -116,6 +120,7 @@ class TriggerResult:
     scheduled: bool
     deferred: bool = False
     dropped: bool = False
+    publish_failed: bool = False
 
 
 @dataclass(frozen=True)

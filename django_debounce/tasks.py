@@ -451,7 +451,8 @@ class DebouncedTask(Task):
         if dispatch is not None and not is_eager(self):
             # Due within the pump interval: out at once. A failed publish puts the flight
             # back in the due index (the pump publishes it once the broker is back).
-            publish_or_release(self, backend, dispatch)
+            if not publish_or_release(self, backend, dispatch):
+                result = _unpublished(result)
         observe.triggered(self, result)
         return result
 
@@ -493,7 +494,8 @@ class DebouncedTask(Task):
                 task_name=self.name, items=items, options=options
             ):
                 if dispatch is not None and not is_eager(self):
-                    publish_or_release(self, backend, dispatch)
+                    if not publish_or_release(self, backend, dispatch):
+                        result = _unpublished(result)
                 observe.triggered(self, result)
                 out.append(result)
         return out
@@ -807,6 +809,12 @@ class DebouncedTask(Task):
             if not follow.label:
                 follow = dataclasses.replace(follow, label=claim.key)
             publish_or_release(self, backend, follow)
+
+
+def _unpublished(result: TriggerResult) -> TriggerResult:
+    """``result`` of a trigger whose dispatch message the broker refused: not scheduled (its
+    flight waits in the due index for a pump), and saying so."""
+    return dataclasses.replace(result, scheduled=False, publish_failed=True)
 
 
 # The keywords of a trigger call that are not the task's arguments: this trigger's own wait

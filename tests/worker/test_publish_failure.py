@@ -17,6 +17,7 @@ from django.db import transaction
 from django.utils import timezone
 from kombu import pools
 
+from django_debounce import trigger_many
 from django_debounce.keys import key_hash
 from django_debounce.pump import Pump, stats
 from tests.celery_app import app
@@ -70,10 +71,14 @@ def test_a_trigger_whose_message_the_broker_refuses_waits_in_the_index(worker, s
     slow_key = record_slow.resolve((unique_tag,), {})[0]
     with broker_down():
         result = record.trigger(unique_tag)  # does not raise (I8)
-        assert (result.pending, result.scheduled) == (1, True)
+        # the result says what happened: counted, its message not out
+        assert (result.pending, result.scheduled, result.publish_failed) == (1, False, True)
         # the direct publish failed: the flight went back to the index at its due time
         assert released(record, key)
-        record.trigger(unique_tag)  # merges, as usual
+        merged = record.trigger(unique_tag)  # merges, as usual: nothing to publish
+        assert (merged.pending, merged.scheduled, merged.publish_failed) == (2, False, False)
+        (many,) = trigger_many(record, [(f"{unique_tag}-many",)])  # trigger_many says so too
+        assert (many.pending, many.scheduled, many.publish_failed) == (1, False, True)
         last = time.time()
         # a pump whose broker is down: what it took and could not publish goes back to the
         # index (a flight due in 60 s, taken here with the clock moved past it, so that no
@@ -89,7 +94,10 @@ def test_a_trigger_whose_message_the_broker_refuses_waits_in_the_index(worker, s
         assert stats.released == before + 1
         assert released(record_slow, slow_key)
     assert record_slow.cancel(unique_tag) == 1
-    # the broker is back: a pump publishes the refused flight and it runs, once
+    # the broker is back: a trigger's publish goes out, and says so
+    back = record.trigger(f"{unique_tag}-back")
+    assert (back.pending, back.scheduled, back.publish_failed) == (1, True, False)
+    # and a pump publishes the refused flight, which runs once
     Pump(app=app).tick()
     runs = wait_for(
         lambda: list(RunLog.objects.filter(tag=unique_tag, finished__isnull=False)),
