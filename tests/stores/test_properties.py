@@ -1,5 +1,5 @@
 """Property-based tests: each real store, driven directly (no worker), against the reference
-model of ``tests/support/model.py`` under the same random sequence of operations.
+model of ``django_debounce/machine.py`` under the same random sequence of operations.
 
 Hypothesis draws one or two keys, each with its own task configuration (wait, max_wait,
 leading, trailing, overlap, collect with a small collect_limit, lease) and a sequence of:
@@ -58,7 +58,7 @@ from django_debounce.backends.base import LiveRun
 from django_debounce.keys import dumps
 from django_debounce.models import DebounceKey, DebounceRun
 from django_debounce.state import Finish, FireAction, FlightOptions
-from tests.support.model import US, Config, KeyModel, Msg, canon
+from django_debounce.machine import US, Config, KeyModel, Msg, canon
 from tests.support.peek import peek_database, peek_redis
 from tests.support.workers import Worker
 

@@ -1,11 +1,9 @@
-"""A pure reference model of one key's state machine (docs/design.md, "The state machine" and
-"Dispatch at scale"), for the property test in ``tests/stores/test_properties.py``.
+"""The rules of one key's state machine, in pure Python (docs/design.md, "One record per key",
+"The state machine" and "Dispatch at scale"): the database store applies them to a key's row
+under its row lock, and the tests hold every store to them (``tests/stores/test_properties.py``).
 
-No I/O and no clock of its own: every operation takes ``now`` in integer microseconds (the
-fake clock of the test), and every duration is in microseconds too, so comparisons with the
-real stores are exact. The operations and their answers mirror ``BaseBackend``; each store
-(``backends/lua/*.lua``, ``backends/database.py``) implements the same rules and names this
-file as its twin.
+No I/O and no clock of its own: every operation takes ``now`` in integer microseconds, and
+every duration is in microseconds too. The operations and their answers mirror ``BaseBackend``.
 
 Dispatch goes through the **due index**: every key that needs attention has one entry, scored
 by when it next needs it (``entry``, integer microseconds):
@@ -421,6 +419,28 @@ class KeyModel:
             dispatch = self._schedule(due, now)
         self._reindex()
         return TriggerOut(self.flight_id, self.pending, self.due, dispatch is not None), dispatch
+
+    def fold(self, count: int, last: int) -> None:
+        """``count`` triggers that a Redis counter absorbed for the open flight, the last of
+        them at ``last``, join it as that many plain merges with the flight's payload and the
+        task's options would have (docs/design.md, "The counter and its fences"): the same
+        pending count, totals, last trigger time and due time."""
+        if count <= 0:
+            return
+        assert self.pending > 0 and self.anchor is not None and self.due is not None
+        wait, max_wait = self.options(None, None)
+        self.pending += count
+        self.triggers += count
+        self.last = max(last, self.last or last)
+        if max_wait is not None:
+            self.bound = _min(self.bound, self.anchor + max_wait)
+        if not self.due_fixed:
+            due = self.last + wait
+            if self.bound is not None:
+                due = min(due, self.bound)
+            self.due = max(due, self.due)
+        if self.not_before is not None:
+            self.due = max(self.due, self.not_before)
 
     def take(self, now: int) -> tuple[Msg | None, bool]:
         """The pump found the key's entry due (``entry <= now``): publish its flight's message
