@@ -2,7 +2,7 @@
 machine" and "Dispatch at scale"), and the due index every store keeps.
 
 Each store implements these names with identical semantics (the conformance suite and the
-property test run every store against ``tests/support/model.py``, the reference model); the flow
+property test run every store against ``django_debounce/machine.py``, the reference model); the flow
 layer (``tasks.py``, ``pump.py``) asks a store what to do and does it, it never re-decides.
 
 Times are the store's clock (Redis ``TIME``, the database's ``clock_timestamp()``); ``now``

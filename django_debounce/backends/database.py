@@ -1,7 +1,7 @@
 """The database store: a key's state is its ``DebounceKey`` row, changed under a row lock, and
 the due index is the ``DebounceDue`` table (one row per key that needs attention).
 
-Every operation is the rule of ``tests/support/model.py`` (``KeyModel``, the reference model)
+Every operation is the rule of ``django_debounce/machine.py`` (``KeyModel``, the reference model)
 applied in Python to the row read in integer microseconds (``_Key``, whose methods carry the
 model's names and rule order, as the Lua scripts of the Redis store do), then written back in one
 statement: the changed columns of the key row, its index entry (``_reindex``), and the run
@@ -106,7 +106,7 @@ IDLE, PENDING = "idle", "pending"
 
 @dataclass(frozen=True)
 class _Cfg:
-    """A task's options in microseconds (``tests.support.model.Config``)."""
+    """A task's options in microseconds (``django_debounce.machine.Config``)."""
 
     wait: int
     max_wait: int | None
@@ -236,7 +236,7 @@ def _min(a: int | None, b: int | None) -> int | None:
 
 class _Key:
     """The state of one key, read from its row (times in integer microseconds). Twin of
-    ``KeyModel`` in tests/support/model.py and of common.lua: the same rules in the same order.
+    ``KeyModel`` in django_debounce/machine.py and of common.lua: the same rules in the same order.
 
     Payloads: JSON text when not collecting (never parsed but for a claim), the list of items
     when collecting."""

@@ -6,7 +6,7 @@ Raw SQL, not the ORM: compiling a query costs about 170 us, more than a short st
 on a local PostgreSQL. Texts depend only on the vendor and the shape of the writes (which
 columns, how many rows), and are kept once built.
 
-Times are integer microseconds since the epoch in the store (as in ``tests/support/model.py``) and
+Times are integer microseconds since the epoch in the store (as in ``django_debounce/machine.py``) and
 aware datetimes in the database: PostgreSQL ``timestamptz`` and SQLite's text as Django writes
 it (``connection.ops.adapt_datetimefield_value``), so the ORM reads the same values.
 """
@@ -31,7 +31,7 @@ ONE_US = timedelta(microseconds=1)
 # Kinds of columns, named by their PostgreSQL type (the element type of a batch's arrays).
 INT, BOOL, TIME, JSON, STR = "bigint", "boolean", "timestamptz", "jsonb", "text"
 
-# The state of a key: attribute of database._Key (named as in tests/support/model.py's KeyModel),
+# The state of a key: attribute of database._Key (named as in django_debounce/machine.py's KeyModel),
 # column of DebounceKey, kind. Read in this order after HEAD.
 FIELDS: tuple[tuple[str, str, str], ...] = (
     ("pending", "pending", INT),

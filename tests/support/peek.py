@@ -1,5 +1,5 @@
 """Read a store's state of one key straight from Redis or the database, in the shape of
-``tests.support.model.KeyModel.view()`` (for the property test and the store tests)."""
+``django_debounce.machine.KeyModel.view()`` (for the property test and the store tests)."""
 
 from __future__ import annotations
 

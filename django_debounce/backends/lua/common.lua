@@ -1,5 +1,5 @@
 -- Shared by the scripts of the Redis store (prepended by redis.py, or placed at the marker
--- "@@common@@"). Twin of the Python rules in backends/database.py and of tests/model.py;
+-- "@@common@@"). Twin of the Python rules in backends/database.py and of django_debounce/machine.py;
 -- docs/design.md ("The Redis layout") has the field legend.
 --
 -- Layout, every key of one debounce key under its shard's hash tag (one Redis Cluster slot):
