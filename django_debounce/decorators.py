@@ -9,10 +9,9 @@ from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from celery import shared_task
-from django.core.exceptions import ImproperlyConfigured
 from django.db import models
 
-from django_debounce.options import DebounceOptions, check_not_async
+from django_debounce.options import DebounceOptions, check_not_async, task_base
 from django_debounce.receivers import DebouncedReceiverTask, debounced_receiver
 from django_debounce.state import TriggerResult
 from django_debounce.tasks import DebouncedTask
@@ -54,11 +53,13 @@ def debounced_task(func: F | None = None, /, **options: Any) -> Any:
 
     Every other keyword is a Celery task option (``name``, ``queue``, ``routing_key``,
     ``time_limit``, ``bind``, ``max_retries``, ...), which dispatch messages, retries and
-    follow-up runs all obey. Failures: when the body raises (or calls ``retry()``), the
-    run's triggers go back to pending and run again after the task's Celery backoff
-    (``default_retry_delay``, or ``retry_backoff``/``retry_backoff_max``/``retry_jitter``),
-    at most ``max_retries`` times (Celery's default 3; ``max_retries=0`` never retries);
-    triggers during the backoff join the retry.
+    follow-up runs all obey. ``base=`` takes a ``celery.Task`` subclass, mixed in after
+    ``DebouncedTask`` (its attributes, hooks and methods apply; one that defines
+    ``__call__`` or ``run`` is refused, see ``options.task_base``). Failures: when the body
+    raises (or calls ``retry()``), the run's triggers go back to pending and run again after
+    the task's Celery backoff (``default_retry_delay``, or ``retry_backoff``/
+    ``retry_backoff_max``/``retry_jitter``), at most ``max_retries`` times (Celery's default
+    3; ``max_retries=0`` never retries); triggers during the backoff join the retry.
 
     Returns a Celery task (a ``DebouncedTask``, subclass of ``celery.Task``) with
     ``trigger()``, ``atrigger()``, ``status()``, ``flush()`` and ``cancel()``; ``delay()``
@@ -72,9 +73,7 @@ def debounced_task(func: F | None = None, /, **options: Any) -> Any:
     def decorate(fn: F) -> Any:
         check_not_async(fn, "debounced_task")
         _check_reserved(fn)
-        base = celery_options.pop("base", DebouncedTask)
-        if not (isinstance(base, type) and issubclass(base, DebouncedTask)):
-            raise ImproperlyConfigured("base= must be a subclass of django_debounce DebouncedTask.")
+        base = task_base(celery_options.pop("base", None), DebouncedTask, "debounced_task")
         return shared_task(base=base, **debounce.task_attributes(), **celery_options)(fn)
 
     if func is not None:

@@ -236,3 +236,39 @@ def check_not_async(fn: Callable[..., Any], decorator: str) -> None:
             "it would never be awaited. Write a plain def (inside, asgiref.sync.async_to_sync "
             "runs async code)."
         )
+
+
+# What a debounced run does not go through: the base's own ``__call__`` would be skipped by
+# dispatch messages (the run machinery calls the body), and ``run`` is the body itself.
+_NOT_MIXABLE = ("__call__", "run")
+
+
+def task_base(base: Any, debounced: type[Task], decorator: str) -> type[Task]:
+    """The task class for ``base=`` given to ``decorator``: ``debounced`` itself, a subclass
+    of it as given, or a plain ``celery.Task`` subclass mixed in after ``debounced`` (so a
+    debounced run keeps this app's machinery and the base adds its attributes, hooks such as
+    ``on_failure``/``after_return``, and methods). Raises ``ImproperlyConfigured`` for
+    anything else, and for a base that defines ``__call__`` or ``run``, which debounced runs
+    would skip."""
+    if base is None or base is debounced:
+        return debounced
+    if not (isinstance(base, type) and issubclass(base, Task)):
+        raise ImproperlyConfigured(
+            f"base= of {decorator} must be a celery.Task subclass, got {base!r}."
+        )
+    if issubclass(base, debounced):
+        return base
+    for klass in base.__mro__:
+        if klass is Task:
+            break
+        taken = [name for name in _NOT_MIXABLE if name in vars(klass)]
+        if taken:
+            raise ImproperlyConfigured(
+                f"base={base.__qualname__} of {decorator} defines {', '.join(taken)} (in "
+                f"{klass.__qualname__}), which a debounced run does not go through: the "
+                "run calls the body itself. Move that code into the body, or into the "
+                "base's before_start/after_return hooks, or subclass "
+                f"django_debounce.tasks.{debounced.__name__}."
+            )
+    name = f"{debounced.__name__}{base.__name__}"
+    return type(name, (debounced, base), {"__module__": base.__module__})

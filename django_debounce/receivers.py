@@ -22,7 +22,7 @@ from django.dispatch import Signal
 from django.utils.inspect import func_accepts_kwargs
 
 from django_debounce.keys import check_size, check_text, dumps
-from django_debounce.options import DebounceOptions, check_not_async
+from django_debounce.options import DebounceOptions, check_not_async, task_base
 from django_debounce.state import RunInfo
 from django_debounce.tasks import DebouncedTask
 
@@ -432,6 +432,7 @@ def debounced_receiver(
         if not isinstance(sig, Signal):
             raise TypeError(f"debounced_receiver expects a django.dispatch.Signal, got {sig!r}.")
     collect, key = debounce.collect, debounce.key
+    base = task_base(celery_options.pop("base", None), DebouncedReceiverTask, "debounced_receiver")
 
     def decorate(handler: F) -> Any:
         _check_handler(handler, collect)
@@ -445,7 +446,7 @@ def debounced_receiver(
         body.__module__ = handler.__module__
         body.__doc__ = handler.__doc__
         task = shared_task(
-            base=DebouncedReceiverTask,
+            base=base,
             name=name,
             **debounce.task_attributes(),
             debounce_signals=signals,

@@ -23,6 +23,7 @@ Markdown file and line. Then what it shows is checked:
 - a top-level ``.trigger(...)`` returns a counted ``TriggerResult``, ``trigger_many(...)`` a
   list of them, ``.flush(...)`` ``True`` (it ran a pending flight), ``.cancel(...)`` an int,
   ``.delay()``/``.apply_async()`` a successful result;
+- an ``AdminSite`` the sample builds registers the debounce models (with the summary page);
 - an ``AppConfig`` subclass is instantiated and its ``ready()`` called; an ``async def`` view
   ``(request, ...)`` is called with a request (and 42 for each other argument) and must
   answer 200; a ``test_*`` function is called with the pytest fixtures it names
@@ -311,6 +312,8 @@ class Runner:
         checks: list[str],
     ) -> None:
         from django.apps import AppConfig
+        from django.contrib.admin import AdminSite
+        from django.contrib.admin import site as admin_site
 
         from django_debounce.receivers import DebouncedReceiverTask
         from django_debounce.tasks import DebouncedTask, get_debounced_task
@@ -335,6 +338,10 @@ class Runner:
 
         for call, value in values:
             checks.extend(check_value(call, value))
+
+        for name, obj in ns.items():
+            if isinstance(obj, AdminSite) and obj is not admin_site:
+                checks.append(check_admin_site(name, obj))
 
         for stmt in tree.body:
             obj = ns.get(getattr(stmt, "name", ""))
@@ -507,6 +514,18 @@ def check_value(call: ast.expr, value: Any) -> list[str]:
     if name == "send_task":
         return [f"{text} published"]
     return []
+
+
+def check_admin_site(name: str, site: Any) -> str:
+    """An ``AdminSite`` a sample builds serves the debounce pages: both models, and the
+    summary page among the keys' URLs."""
+    from django_debounce.models import DebounceKey, DebounceRun
+
+    for model in (DebounceKey, DebounceRun):
+        assert site.is_registered(model), f"{name} does not register {model.__name__}"
+    urls = {getattr(p, "name", None) for p in site._registry[DebounceKey].get_urls()}
+    assert "django_debounce_debouncekey_summary" in urls, f"{name} has no summary page"
+    return f"{name}: an AdminSite serving the debounce keys, runs and summary"
 
 
 def call_view(view: Any, extra: int) -> str:
