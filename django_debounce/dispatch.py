@@ -10,6 +10,7 @@ waits happen in the store's due index.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from dataclasses import dataclass
@@ -24,7 +25,9 @@ logger = logging.getLogger("django_debounce")
 # The reserved keyword that marks a message as a dispatch message rather than a plain call.
 DISPATCH_KWARG = "__debounce__"
 VERSION = 2
-LABEL = 80  # characters of the readable key shown by monitoring
+# Most characters of the readable key that monitoring shows (a longer key: its first 127 and
+# "…"); a UUID key such as "catalogue.product:<uuid>" is shown whole.
+LABEL = 128
 # A key hash: SHA-256 in lower-case hex (keys.key_hash); anything else names no key, and the
 # stores would fail on it (the Redis store reads its shard from the first four digits).
 _KEY_HASH = re.compile(r"[0-9a-f]{64}")
@@ -83,6 +86,23 @@ def message_of(dispatch: Dispatch) -> dict[str, Any]:
     return {"k": dispatch.key_hash, "s": dispatch.seq, "b": dispatch.store, "v": VERSION}
 
 
+def label_of(task: Task, dispatch: Dispatch) -> str:
+    """What Flower and ``celery events`` show of ``dispatch``'s key: the readable key, at most
+    ``LABEL`` characters (cut with ``…``); built from ``label_payload`` when the store kept
+    no whole key (as a run builds it, ``key_of_payload``); the key hash's start when neither
+    says more."""
+    label = dispatch.label
+    if dispatch.label_payload is not None:
+        try:
+            label = task.key_of_payload(json.loads(dispatch.label_payload))  # type: ignore[attr-defined]
+        except Exception:  # a key= that fails now: the message goes out all the same
+            logger.debug("django_debounce: no readable key for %s", task.name, exc_info=True)
+    label = label or dispatch.key_hash[:12]
+    if len(label) > LABEL:
+        label = label[: LABEL - 1] + "…"
+    return label
+
+
 def publish(task: Task, dispatch: Dispatch, producer: Any = None) -> None:
     """Publish one dispatch message for ``task``, ``countdown`` seconds from now (never more
     than the pump interval). Under ``task_always_eager`` nothing is published: the flight
@@ -90,9 +110,7 @@ def publish(task: Task, dispatch: Dispatch, producer: Any = None) -> None:
     Celery's ``apply_async`` raises when the broker refuses the message."""
     if is_eager(task):
         return
-    label = dispatch.label or dispatch.key_hash[:12]
-    if len(label) > LABEL:
-        label = label[: LABEL - 1] + "…"
+    label = label_of(task, dispatch)
     options: dict[str, Any] = {
         "serializer": "json",
         # what Flower and `celery events` show instead of {"__debounce__": {"k": <sha256>...}}

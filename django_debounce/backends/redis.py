@@ -837,6 +837,9 @@ class RedisBackend(BaseBackend):
             )
             again += int(out[0])
             for i in range(2, len(out), 4):
+                label, payload = _s(out[i + 3]), None
+                if label.startswith("\x00"):  # take.lua: the payload, the key is not whole
+                    label, payload = "", label[1:]
                 dispatches.append(
                     Dispatch(
                         key_hash_of(_s(out[i])),
@@ -844,7 +847,8 @@ class RedisBackend(BaseBackend):
                         0.0,
                         self.store,
                         names[int(out[i + 2]) - 1],
-                        _s(out[i + 3]),
+                        label,
+                        payload,
                     )
                 )
         return Taken(dispatches, again, self.peek(names, now=now))

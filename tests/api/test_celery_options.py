@@ -80,10 +80,75 @@ def test_dispatch_messages_go_to_the_routed_queue_with_a_readable_key(broker, st
 
 
 def test_a_long_key_is_truncated_for_monitoring(broker, store):
-    routed.trigger(10**70, debounce_wait=0)
+    routed.trigger(10**170, debounce_wait=0)
     (message,) = messages(broker)
-    shown = message["headers"]["kwargsrepr"]
-    assert "…" in shown and len(shown) < 120
+    shown = shown_key(message)
+    assert shown.endswith("…") and len(shown) == 128
+
+
+@debounced_task(wait=30, name="tests.labelled", queue=QUEUE, routing_key=QUEUE, exchange=QUEUE)
+def labelled(ref: str) -> None:
+    """Its key is its argument (``catalogue.product:<uuid>`` and longer)."""
+
+
+labelled.debounce_key = lambda ref: ref
+
+UUID_KEY = "catalogue.product:4433b791-84a7-4c03-8300-6a3c8c2d1f5e"
+KEY_120 = "catalogue.product:" + "-".join([UUID_KEY[18:]] * 3)[:102]
+
+
+def shown_key(message: dict[str, Any]) -> str:
+    """The key that Flower and ``celery events`` show: the published ``kwargsrepr``."""
+    match = re.fullmatch(r"\{'key': '(.*)', 'seq': \d+\}", message["headers"]["kwargsrepr"])
+    assert match, message["headers"]["kwargsrepr"]
+    assert message["headers"]["argsrepr"] == "()"
+    return match.group(1)
+
+
+def pumped(task, broker) -> list[dict[str, Any]]:
+    """The messages the pump publishes for ``task``'s due flights (taken with the clock past
+    their due time: the workers' pumps do not know the task)."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from django_debounce.pump import Pump
+    from tests.celery_app import app
+
+    broker.delete(QUEUE)
+    backend = task.get_backend()
+    future = timezone.now() + timedelta(seconds=task.wait + 1)
+    taken = backend.take({task.name: task.flight_options()}, 100, now=future)
+    Pump(app=app)._publish(backend, {task.name: task}, taken.dispatches)
+    return messages(broker)
+
+
+@pytest.mark.parametrize(
+    "key", [UUID_KEY, KEY_120, "x" * 128], ids=["uuid", "120-characters", "128-characters"]
+)
+def test_flower_shows_the_whole_key_on_the_direct_and_the_pumps_path(broker, store, key):
+    """Issue 5: Flower showed ``catalogue.product:4433b791-84a7-4c03-83...`` (the Redis store's
+    40 characters) for a flight the pump published. A key of up to 128 characters is shown
+    whole by both publishes: a trigger's (due at once) and the pump's (from the due index)."""
+    assert len(KEY_120) == 120
+    labelled.trigger(key, debounce_wait=0)
+    (direct,) = messages(broker)
+    assert shown_key(direct) == key
+    assert labelled.cancel(key) == 1
+    labelled.trigger(key)  # due in 30 s: waits in the due index for a pump
+    (pumped_message,) = pumped(labelled, broker)
+    assert shown_key(pumped_message) == key
+
+
+def test_the_pump_shows_a_longer_key_cut_and_a_default_key_as_the_trigger_does(broker, store):
+    long_key = "catalogue.product:" + "0123456789" * 30
+    labelled.trigger(long_key)
+    (message,) = pumped(labelled, broker)
+    assert shown_key(message) == long_key[:127] + "…"
+    routed.trigger(10**60)  # the default key: the task name and its arguments
+    (message,) = pumped(routed, broker)
+    assert shown_key(message) == routed.resolve((10**60,), {})[0]
+    assert len(shown_key(message)) > 80
 
 
 def test_bind_gives_the_body_self_and_its_request(broker, store):

@@ -47,9 +47,20 @@ local extra = nil
       out[#out + 1] = id
       out[#out + 1] = fmt(seq)
       out[#out + 1] = ti
-      -- what monitoring shows of the key: its short readable key, else its arguments
-      local label = redis.call('HGET', c.h, 'k') or redis.call('HGET', c.h, 'pl') or ''
-      out[#out + 1] = string.sub(label, 1, 80)
+      -- what monitoring shows of the key: its short readable key when it is whole; else
+      -- (a default key, or one cut to the hash's short length) the stored payload, marked
+      -- with a leading NUL (no key or payload holds one), from which the pump builds the
+      -- whole key (dispatch.label_of); a collecting task's: a list of its first item
+      local label = redis.call('HGET', c.h, 'k') or ''
+      if label == '' or string.sub(label, -3) == '\226\128\166' then
+        local pl = redis.call('HGET', c.h, 'pl')
+        if not pl and s.cs > 0 then
+          local first = redis.call('ZRANGE', c.items, 0, 0)[1]
+          if first then pl = '[' .. first .. ']' end
+        end
+        if pl and #pl <= 4096 then label = '\0' .. pl end
+      end
+      out[#out + 1] = label
     end
   end
 end
