@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import django
 from django.contrib import admin, messages
 from django.contrib.admin.views.main import ChangeList
 from django.contrib.auth import get_permission_codename
@@ -28,6 +29,8 @@ from django_debounce.tasks import get_debounced_task
 
 # Runs listed on a key's page (the rest are one click away, in the runs list).
 RECENT_RUNS = 20
+# Longer keys are cut in the runs list (whole in the tooltip and on the run's page).
+KEY_CHARS = 40
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -435,23 +438,26 @@ class DebounceKeyAdmin(ReadOnlyAdmin):
             "bucket": bucket,
             "totals_ratio": f"{data.totals.ratio:.1f}" if data.totals.ratio is not None else "",
             "page_range": range(1, data.pages + 1),
+            "breadcrumbs_as_list": django.VERSION >= (6, 1),
         }
         return TemplateResponse(request, "admin/django_debounce/summary.html", context)
 
 
 class DebounceRunAdmin(ReadOnlyAdmin):
+    # At a glance, beside the admin's sidebar and filters on a 1280 px screen: the outcome
+    # first after the key (which is without its task, a column of its own), compact columns
+    # (delay and duration as "4.9 s"); the finish time and the flight id are on the run's page.
     list_display = (
         "task_name",
-        "debounce_key",
-        "run_id",
-        "flight_id",
-        "attempt",
+        "key",
+        "outcome",
+        "started_at",
+        "run_delay",
+        "duration",
         "triggers",
         "merged",
-        "started_at",
-        "delay",
-        "finished_at",
-        "outcome",
+        "run_id",
+        "attempt",
     )
     list_filter = ("outcome", TaskFilter, StoreFilter)
     list_select_related = ("debounce_key",)
@@ -460,6 +466,29 @@ class DebounceRunAdmin(ReadOnlyAdmin):
     if hasattr(admin, "ShowFacets"):  # Django >= 5.0
         show_facets = admin.ShowFacets.NEVER
     readonly_fields = ["merged", *(f.name for f in DebounceRun._meta.fields)]
+
+    @admin.display(description=_("key"), ordering="debounce_key__key")
+    def key(self, obj: DebounceRun) -> str:
+        """The run's key without the task's name (a column of its own; default keys start with
+        ``"<task name>:"``), cut to ``KEY_CHARS`` characters with the whole key in its
+        tooltip."""
+        whole = obj.debounce_key.key
+        text = whole.removeprefix(f"{obj.task_name}:")
+        if len(text) <= KEY_CHARS:
+            return text
+        return format_html('<span title="{}">{}…</span>', whole, text[: KEY_CHARS - 1])
+
+    @admin.display(description=_("delay"), ordering="delay")
+    def run_delay(self, obj: DebounceRun) -> str:
+        """From the last claimed trigger to the start, as "4.9 s"."""
+        return display.duration(obj.delay)
+
+    @admin.display(description=_("duration"))
+    def duration(self, obj: DebounceRun) -> str:
+        """From the start to the end, as "4.9 s" (empty while running)."""
+        if obj.finished_at is None:
+            return ""
+        return display.duration((obj.finished_at - obj.started_at).total_seconds())
 
 
 if conf.get("ADMIN_ENABLED"):

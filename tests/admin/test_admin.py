@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import html
+import re
+
 import pytest
 from django.contrib.auth.models import Permission, User
 from django.urls import reverse
@@ -102,3 +105,30 @@ def test_keys_of_a_removed_task_are_skipped_by_run_now_and_cancelled(operator, e
         app.tasks[name] = task
     assert [task.get_backend().live_state(r.key_hash)["pending"] for r in rows] == [0, 0]
     assert not RunLog.objects.exists()
+
+
+def test_runs_list_shows_the_key_without_its_task_name(operator, eager, store):
+    """The task has a column of its own: the key column shows the key alone (the default key
+    starts with the task's name), a long one cut, whole in its tooltip."""
+    from datetime import timedelta
+
+    from django_debounce import dbtime
+    from django_debounce.admin import KEY_CHARS
+    from django_debounce.testing import run_due
+    from tests.testapp.tasks import record
+
+    record.trigger("short")
+    record.trigger("long" * 20)
+    assert run_due(now=dbtime.now() + timedelta(seconds=1)) == 2
+    page = operator.get(reverse("admin:django_debounce_debouncerun_changelist"))
+    cells = {
+        html.unescape(re.sub(r"<[^>]+>", "", text)): html.unescape(title or "")
+        for title, text in re.findall(
+            r'<td class="field-key">(?:<span title="([^"]*)">)?(.*?)</td>', page.content.decode()
+        )
+    }
+    short, long = (record.resolve((tag,), {})[0] for tag in ("short", "long" * 20))
+    prefix = f"{record.name}:"
+    assert short.startswith(prefix) and long.startswith(prefix)
+    shown_long = long.removeprefix(prefix)[: KEY_CHARS - 1] + "…"
+    assert cells == {short.removeprefix(prefix): "", shown_long: long}

@@ -4,6 +4,7 @@ number of queries whatever the table sizes, inline SVG only, view permission."""
 from __future__ import annotations
 
 import random
+import re
 import statistics
 from datetime import timedelta
 
@@ -231,3 +232,26 @@ def test_summary_and_changelist_queries_do_not_grow_with_the_tables(
         operator.get(reverse("admin:django_debounce_debouncekey_change", args=[key.pk]))
     # Session and user, then the summary's own statements: three on PostgreSQL, five on SQLite.
     assert small_summary <= 7, small_summary
+
+
+def breadcrumbs(page) -> tuple[str, str, list[str]]:
+    """(tag, class, texts of the items) of the breadcrumbs in a page's navigation."""
+    found = re.search(
+        r'<nav aria-label="Breadcrumbs">\s*<(\w+) class="([^"]+)">(.*?)</\1>',
+        page.content.decode(),
+        re.S,
+    )
+    assert found, "no breadcrumbs"
+    tag, css, inner = found.groups()
+    items = re.findall(r"<li[^>]*>(.*?)</li>", inner, re.S) if tag == "ol" else []
+    return tag, css, [re.sub(r"<[^>]+>", "", item).strip() for item in items]
+
+
+def test_summary_breadcrumbs_have_the_markup_of_djangos_own_pages(operator):
+    """The summary's breadcrumbs are built as those of Django's own changelist (a ``div``
+    before Django 6.1, a list since, which its stylesheet styles), so they are styled."""
+    own_tag, own_class, own_items = breadcrumbs(operator.get(reverse(CHANGELIST)))
+    tag, css, items = breadcrumbs(operator.get(reverse(SUMMARY)))
+    assert (tag, css) == (own_tag, own_class)
+    if tag == "ol":  # Django >= 6.1: one item per step, the page itself last
+        assert items == [*own_items, "Summary"]

@@ -50,6 +50,7 @@ pytestmark = pytest.mark.worker
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
+WINDOW = (1400, 1000)
 CHROMIUM_FLAGS = [
     "--headless",
     "--no-sandbox",
@@ -60,7 +61,7 @@ CHROMIUM_FLAGS = [
     "--disable-component-update",
     "--disable-sync",
     "--disable-dev-shm-usage",
-    "--window-size=1400,1000",
+    "--window-size={},{}".format(*WINDOW),
 ]
 SAVES = 20
 PASSWORD = "e2e-password-1"
@@ -260,6 +261,40 @@ def shot(driver: WebDriver, name: str) -> None:
         driver.save_screenshot(str(Path(folder) / f"{name}.png"))
 
 
+def breadcrumbs_style(driver: WebDriver) -> dict[str, str]:
+    """The computed style of the page's breadcrumbs bar (the element in the breadcrumbs
+    ``nav``), as the eye sees it."""
+    return driver.execute_script(
+        """
+        const bar = document.querySelector('nav[aria-label="Breadcrumbs"] > .breadcrumbs');
+        if (!bar) return null;
+        const style = getComputedStyle(bar);
+        return {background: style.backgroundColor, color: style.color,
+                padding: style.padding, height: String(bar.getBoundingClientRect().height),
+                linkSize: getComputedStyle(bar.querySelector('a')).fontSize};
+        """
+    )
+
+
+def assert_in_view(driver: WebDriver, element) -> None:
+    """``element`` lies wholly within the viewport and within the scrolled box around it (no
+    scrolling needed to read it)."""
+    box = driver.execute_script(
+        """
+        const r = arguments[0].getBoundingClientRect();
+        let clip = document.documentElement.clientWidth;
+        for (let p = arguments[0].parentElement; p; p = p.parentElement) {
+            if (['auto', 'scroll', 'hidden'].includes(getComputedStyle(p).overflowX)) {
+                clip = Math.min(clip, p.getBoundingClientRect().right);
+            }
+        }
+        return {left: r.left, right: r.right, clip: clip};
+        """,
+        element,
+    )
+    assert 0 <= box["left"] and box["right"] <= box["clip"], (element.text, box)
+
+
 def until(driver: WebDriver, condition, timeout: float = 30):
     return WebDriverWait(driver, timeout, poll_frequency=0.1).until(condition)
 
@@ -369,7 +404,25 @@ def test_staff_saves_twenty_times_then_run_now_runs_once_with_19_merged(site, br
     assert task.find_element(By.CSS_SELECTOR, "td.runs").text == "1"
     assert task.find_element(By.CSS_SELECTOR, "td.triggers").text == str(SAVES)
     assert browser.find_elements(By.CSS_SELECTOR, "svg.debounce-chart")
+    # Its breadcrumbs look like those of Django's own pages (Django 6.1 styles a list only).
+    summary_crumbs = breadcrumbs_style(browser)
     shot(browser, "3-summary")
+    browser.get(f"{site.url}/admin/django_debounce/debouncekey/")
+    assert summary_crumbs == breadcrumbs_style(browser)
+
+    # The runs list at 1280 px: the key without its task name, and the outcome on screen.
+    browser.set_window_size(1280, 900)
+    try:
+        browser.get(f"{site.url}/admin/django_debounce/debouncerun/")
+        run = browser.find_element(By.CSS_SELECTOR, "#result_list tbody tr")
+        assert run.find_element(By.CSS_SELECTOR, "td.field-key").text == key
+        outcome = run.find_element(By.CSS_SELECTOR, "td.field-outcome")
+        assert outcome.text == "success"
+        shot(browser, "5-runs-1280")
+        for element in (outcome, browser.find_element(By.CSS_SELECTOR, "th.column-outcome")):
+            assert_in_view(browser, element)
+    finally:
+        browser.set_window_size(*WINDOW)
 
 
 def test_view_only_user_sees_no_actions_and_a_posted_action_is_refused(site, browser):
