@@ -13,8 +13,9 @@ publishes a task it cannot route), takes what is due in batches, publishes each 
 releases the ones the broker refused. Then it sleeps until the earliest entry left, at most
 ``DEBOUNCE_PUMP_INTERVAL`` seconds (flights due sooner than that after the step that makes
 them due are published by that step itself), with a little jitter so pumps do not move in
-step. It stops taking for a queue that already holds ``DEBOUNCE_PUMP_QUEUE_CAP`` messages:
-a backlog waits in the store, not in the broker, and is never mistaken for lost messages.
+step. Before each take it reads the depth of the queue it takes for from the broker, and
+takes at most the room left under ``DEBOUNCE_PUMP_QUEUE_CAP`` (none for a full queue): a
+backlog waits in the store, not in the broker, and is never mistaken for lost messages.
 """
 
 from __future__ import annotations
@@ -83,7 +84,6 @@ class Pump:
         self._seen = (stats.published, stats.again)
         self._stop = threading.Event()
         self.thread: threading.Thread | None = None
-        self._depths: dict[str, tuple[float, int]] = {}
 
     # -- one tick ---------------------------------------------------------------------------
 
@@ -130,30 +130,64 @@ class Pump:
         return max(sleep, 0.0)
 
     def _pump(self, backend: BaseBackend, tasks: dict[str, Any], batch: int) -> float:
-        """Take and publish until nothing is due (or queues are full); the sleep after."""
+        """Take and publish until nothing is due (or the queues are full), one queue at a
+        time; the sleep after."""
         from django_debounce.dbconn import fork_pending
 
         interval = conf.seconds_of("PUMP_INTERVAL")
         next_in = backend.peek(list(tasks))
-        while next_in is not None and next_in <= 0:
-            open_tasks = self._uncapped(tasks)
-            if not open_tasks:
-                return min(interval, 0.5)
-            options: dict[str, FlightOptions] = {
-                name: task.flight_options() for name, task in open_tasks.items()
-            }
-            taken = backend.take(options, batch)
-            self._publish(backend, open_tasks, taken.dispatches)
-            with stats.lock:
-                stats.again += taken.again
-            next_in = taken.next_in
-            if len(taken.dispatches) < batch:
-                break
-            if fork_pending():  # the pool forks: end this tick, the next one goes on
-                return 0.0
         if next_in is None:
             return interval
-        return min(max(next_in, 0.0), interval)
+        if next_in > 0:
+            return min(next_in, interval)
+        queues: dict[str | None, dict[str, Any]] = defaultdict(dict)
+        for name, task in tasks.items():
+            queues[queue_of(task)][name] = task
+        sleep = interval
+        capped: set[str] = set()
+        for queue, group in queues.items():
+            sleep = min(sleep, self._fill(backend, queue, group, batch, capped))
+            if fork_pending():  # the pool forks: end this tick, the next one goes on
+                sleep = 0.0
+                break
+        with stats.lock:
+            stats.capped = capped
+        return sleep
+
+    def _fill(
+        self,
+        backend: BaseBackend,
+        queue: str | None,
+        tasks: dict[str, Any],
+        batch: int,
+        capped: set[str],
+    ) -> float:
+        """Take and publish the due flights of ``tasks`` (all routed to ``queue``) in batches,
+        until none is due or the queue is full (then it is added to ``capped``); the sleep
+        after. Each take is at most the room the queue has left under
+        ``DEBOUNCE_PUMP_QUEUE_CAP``, by the depth the broker reports just before it: a pump
+        alone never fills a queue past the cap, and pumps that take for one queue at the same
+        moment pass it by at most one batch each."""
+        from django_debounce.dbconn import fork_pending
+
+        interval = conf.seconds_of("PUMP_INTERVAL")
+        options: dict[str, FlightOptions] = {
+            name: task.flight_options() for name, task in tasks.items()
+        }
+        while True:
+            room = self._room(next(iter(tasks.values())), queue)
+            limit = batch if room is None else min(batch, room)
+            if limit <= 0:
+                capped.add(str(queue))
+                return min(interval, 0.5)
+            taken = backend.take(options, limit)
+            self._publish(backend, tasks, taken.dispatches)
+            with stats.lock:
+                stats.again += taken.again
+            if taken.next_in is None:
+                return interval
+            if taken.next_in > 0 or len(taken.dispatches) < limit or fork_pending():
+                return min(max(taken.next_in, 0.0), interval)
 
     def _publish(
         self, backend: BaseBackend, tasks: dict[str, Any], dispatches: list[Dispatch]
@@ -193,36 +227,19 @@ class Pump:
             stats.published += sent
             stats.released += len(failed)
 
-    def _uncapped(self, tasks: dict[str, Any]) -> dict[str, Any]:
-        """The tasks whose queue holds fewer than ``DEBOUNCE_PUMP_QUEUE_CAP`` messages (queue
-        depths are read from the broker at most once a second)."""
+    def _room(self, task: Any, queue: str | None) -> int | None:
+        """How many more messages ``queue`` takes under ``DEBOUNCE_PUMP_QUEUE_CAP`` (0 or less:
+        none), by the depth the broker reports now; ``None``: no cap (the cap is off, or the
+        queue unknown)."""
         cap = int(conf.get("PUMP_QUEUE_CAP"))
-        if cap <= 0:
-            return tasks
-        out = {}
-        capped = set()
-        for name, task in tasks.items():
-            queue = queue_of(task)
-            if queue is None or self._depth(task, queue) < cap:
-                out[name] = task
-            else:
-                capped.add(queue)
-        with stats.lock:
-            stats.capped = capped
-        return out
-
-    def _depth(self, task: Any, queue: str) -> int:
-        now = time.monotonic()
-        cached = self._depths.get(queue)
-        if cached is not None and now - cached[0] < 1.0:
-            return cached[1]
+        if cap <= 0 or queue is None:
+            return None
         try:
             with task.app.connection_for_write() as conn:
                 depth = int(conn.default_channel.queue_declare(queue=queue, passive=True)[1])
-        except Exception:  # a transport that cannot tell: no cap
+        except Exception:  # an empty Redis queue (no key), or a transport that cannot tell
             depth = 0
-        self._depths[queue] = (now, depth)
-        return depth
+        return cap - depth
 
     # -- the loop ---------------------------------------------------------------------------
 
