@@ -95,23 +95,9 @@ class TaskFilter(admin.SimpleListFilter):
         return queryset.filter(task_name=value) if value else queryset
 
 
-class StoreFilter(admin.SimpleListFilter):
-    """By store, with fixed choices (no ``SELECT DISTINCT`` over the tables)."""
-
-    title = _("store")
-    parameter_name = "store"
-
-    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        return [("database", _("database")), ("redis", _("redis"))]
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
-        value = self.value()
-        return queryset.filter(store=value) if value else queryset
-
-
 class LiveChangeList(ChangeList):
-    """After pagination, read the live values of the rows on screen that the Redis store
-    holds, in one pipeline (their rows are written only on flight transitions)."""
+    """After pagination, add to the rows on screen the triggers their Redis counters
+    absorbed, in one pipeline (derived: a claim folds them into the row)."""
 
     def get_results(self, request: HttpRequest) -> None:
         super().get_results(request)
@@ -132,12 +118,12 @@ class DebounceKeyAdmin(ReadOnlyAdmin):
         "fires",
         "last_run",
     )
-    list_filter = ("state", TaskFilter, StoreFilter)
+    list_filter = ("state", TaskFilter)
     search_fields = ("key",)
     fieldsets = (
         (
             None,
-            {"fields": ("key", "task_name", "state", "live_pending", "fires", "last_run", "store")},
+            {"fields": ("key", "task_name", "state", "live_pending", "fires", "last_run")},
         ),
         (_("Totals"), {"fields": ("triggers", "merged", "runs", "cancelled")}),
         (_("Recent runs"), {"fields": ("recent_runs",)}),
@@ -170,8 +156,8 @@ class DebounceKeyAdmin(ReadOnlyAdmin):
                     "scheduled_seq",
                     "scheduled",
                     "scheduled_at",
-                    "watchdog_at",
-                    "merge_until",
+                    "counter_id",
+                    "counter_until",
                     "overlap",
                     "key_hash",
                     "created_at",
@@ -249,11 +235,11 @@ class DebounceKeyAdmin(ReadOnlyAdmin):
         keys = dropped = 0
         for row in queryset:
             # Cancelling dispatches nothing, so keys of tasks that are no longer registered
-            # (removed or renamed) are cancelled too, through the store that holds them.
+            # (removed or renamed) are cancelled too.
             try:
                 n = get_debounced_task(row.task_name).cancel_key(row.key_hash)
             except UnknownTask:
-                n = get_backend(row.store).cancel(
+                n = get_backend().cancel(
                     row.key_hash, task_name=row.task_name, options=FlightOptions(wait=0.0)
                 )
             keys += 1 if n else 0
@@ -263,11 +249,7 @@ class DebounceKeyAdmin(ReadOnlyAdmin):
     @admin.action(description=_("Purge idle keys"), permissions=["operate"])
     def purge_idle(self, request: HttpRequest, queryset: Any) -> None:
         """Delete the selected keys that are idle (nothing pending or running), with their
-        run history. The durable rows of Redis-held keys are brought up to date first (no
-        recorder runs in a web process), as ``debounce_purge`` does."""
-        from django_debounce.recovery import record_now
-
-        record_now()
+        run history."""
         deleted = queryset.delete_stale(dbtime.now())
         self.message_user(request, f"Purged {deleted} idle key(s) and their run history.")
 
@@ -278,7 +260,7 @@ class DebounceKeyAdmin(ReadOnlyAdmin):
         return LiveChangeList
 
     def get_object(self, request: HttpRequest, object_id: str, from_field: Any = None) -> Any:
-        """The key, with its live values when the Redis store holds it."""
+        """The key, with the triggers its Redis counter absorbed."""
         obj = super().get_object(request, object_id, from_field)
         if obj is not None:
             live.refresh([obj])
@@ -286,7 +268,7 @@ class DebounceKeyAdmin(ReadOnlyAdmin):
 
     @admin.display(description=_("pending (live)"), ordering="pending")
     def live_pending(self, obj: DebounceKey) -> int:
-        """Pending triggers now (from Redis for keys the Redis store holds)."""
+        """Pending triggers now (the row's, and those a Redis counter absorbed)."""
         if not hasattr(obj, "live_pending"):
             live.refresh([obj])
         return obj.live_pending  # type: ignore[attr-defined]

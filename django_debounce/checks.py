@@ -2,7 +2,7 @@
 kind), ``W001`` (cache without atomic scripts), ``W002`` (SQLite without an immediate
 transaction mode), ``W003`` (an unknown ``DEBOUNCE_`` setting, likely misspelt), ``W004``
 (the auto store's cache alias is not in ``CACHES``), ``W005`` (a setting that no longer does
-anything), ``W006`` (the Redis that holds the state may evict it)."""
+anything)."""
 
 from __future__ import annotations
 
@@ -117,8 +117,9 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
         for name, message in conf.problems()
     ]
     known = {f"DEBOUNCE_{name}" for name in conf.DEFAULTS}
+    gone = {f"DEBOUNCE_{name}" for name in conf.DEPRECATED}
     for name in dir(settings):
-        if name.startswith("DEBOUNCE_") and name not in known:
+        if name.startswith("DEBOUNCE_") and name not in known and name not in gone:
             close = difflib.get_close_matches(name, sorted(known), n=1)
             out.append(
                 checks.Warning(
@@ -143,57 +144,3 @@ def check_deprecated(app_configs: Any = None, **kwargs: Any) -> list[checks.Chec
         for name, why in conf.DEPRECATED.items()
         if hasattr(settings, f"DEBOUNCE_{name}")
     ]
-
-
-@checks.register()
-def check_eviction(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    """W006 when the Redis that holds the debounce state has a ``maxmemory-policy`` other than
-    ``noeviction`` (read from ``INFO memory``: managed Redis services disable ``CONFIG GET``).
-    It asks the server (one round trip; nothing when Redis does not answer), so it runs when
-    the checks run: ``manage.py check``, ``migrate``, ``runserver`` and at worker start."""
-    return eviction_warnings()
-
-
-def eviction_warnings() -> list[checks.CheckMessage]:
-    """The W006 warnings for the Redis store in use (none when no Redis is configured or it
-    does not answer)."""
-    from django_debounce.recorder import redis_stores
-
-    out: list[checks.CheckMessage] = []
-    try:
-        stores = redis_stores()
-    except Exception:
-        return out
-    seen = set()
-    for store in stores:
-        try:
-            info = store.client.info("memory")
-        except Exception:
-            continue
-        if isinstance(info, dict) and info and all(isinstance(v, dict) for v in info.values()):
-            info = next(iter(info.values()))  # a Redis Cluster answers per node
-        policy = str(info.get("maxmemory_policy", "noeviction"))
-        if policy == "noeviction" or policy in seen:
-            continue
-        seen.add(policy)
-        if policy.startswith("volatile"):
-            detail = (
-                "it evicts keys that have a TTL: the state of idle keys only (pending and "
-                "running keys and the due index have none), so their next trigger loses its "
-                "lodash edge history and continues its counters from the database"
-            )
-        else:
-            detail = (
-                "it can evict pending flights, the due index and the records of runs; flights "
-                "whose state is evicted are rebuilt from the database record and may run twice"
-            )
-        out.append(
-            checks.Warning(
-                f"The Redis that holds the debounce state has maxmemory-policy {policy!r}: "
-                f"{detail}.",
-                hint="Set maxmemory-policy noeviction on that Redis (as job queues on Redis "
-                "need), or give the debounce state a Redis of its own (DEBOUNCE_REDIS_URL).",
-                id="django_debounce.W006",
-            )
-        )
-    return out

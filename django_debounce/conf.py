@@ -29,8 +29,6 @@ DEFAULTS: dict[str, Any] = {
     "REDIS_CLUSTER": None,
     # Prefix of every Redis key of the Redis store (two deployments may share one Redis).
     "REDIS_PREFIX": "debounce",
-    # Seconds an idle key's state stays in Redis beyond max(wait, max_wait).
-    "REDIS_IDLE_TTL": 60,
     # Seconds a dispatch message may wait unclaimed before the pump takes its flight again
     # (with the same sequence number: a duplicate, never a second run).
     "DISPATCH_GRACE": 60,
@@ -40,11 +38,6 @@ DEFAULTS: dict[str, Any] = {
     # Longest sleep of a pump between two looks at the due index, in seconds; a flight due
     # within it of the step that makes it due is published at once with a countdown.
     "PUMP_INTERVAL": 1.0,
-    # The database store on PostgreSQL (psycopg 3): its statements are server-side prepared
-    # statements (planned once per connection). None: yes unless the database sets Django's
-    # DISABLE_SERVER_SIDE_CURSORS (asked of a database behind PgBouncer in transaction mode);
-    # a server that loses one (a pooler) turns them off for that database.
-    "DATABASE_PREPARE": None,
     # Entries one take of the pump handles at most.
     "PUMP_BATCH": 500,
     # Messages published and not yet claimed per queue above which a pump waits.
@@ -52,20 +45,14 @@ DEFAULTS: dict[str, Any] = {
     # Bytes of JSON one trigger may store (its payload, or its item in collect mode).
     "MAX_PAYLOAD": 65536,
     "MAX_BATCH_PAYLOAD": 4194304,
-    # Deprecated: recovery is the pump's (see checks.W005).
-    "RECOVERY_INTERVAL": 60,
-    "REARM_HOLD": 0.25,
-    "REDIS_TTL": 86400,
 }
 
 # Settings that no longer do anything, and what replaced them (system check W005).
 DEPRECATED: dict[str, str] = {
-    "RECOVERY_INTERVAL": "recovery is the pump's work (lost runs and lost messages are found "
-    "from the due index every pump tick); remove the setting",
-    "REARM_HOLD": "a flight whose due time moves later goes back to the due index instead of "
-    "a re-armed message; remove the setting",
-    "REDIS_TTL": "pending and running keys have no TTL (the due index finds them) and idle keys "
-    "leave Redis after DEBOUNCE_REDIS_IDLE_TTL; use that setting",
+    "REDIS_IDLE_TTL": "Redis holds only counters of open flights now, each with an expiry of "
+    "its own (docs/design.md, \"One record per key\"); remove the setting",
+    "DATABASE_PREPARE": "the database store sends its statements through Django's cursor; "
+    "remove the setting",
 }
 
 
@@ -132,15 +119,11 @@ def seconds(value: Any, *, name: str, allow_none: bool = False) -> float | None:
 DURATIONS: dict[str, bool] = {
     "DEFAULT_WAIT": False,
     "LEASE": False,
-    "REDIS_TTL": False,
-    "REDIS_IDLE_TTL": False,
     "DISPATCH_GRACE": False,
-    "RECOVERY_INTERVAL": True,
-    "REARM_HOLD": False,
     "PUMP_INTERVAL": False,
 }
-BOOLEANS = ("ON_COMMIT", "ENABLED", "ADMIN_ENABLED", "PUMP", "DATABASE_PREPARE")
-OPTIONAL_BOOLEANS = ("DATABASE_PREPARE",)  # None: decided by the store
+BOOLEANS = ("ON_COMMIT", "ENABLED", "ADMIN_ENABLED", "PUMP")
+OPTIONAL_BOOLEANS: tuple[str, ...] = ()
 
 
 def seconds_of(name: str) -> float:

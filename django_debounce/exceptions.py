@@ -7,6 +7,11 @@ class DebounceError(Exception):
     """Base class of every django-debounce error."""
 
 
+class StoreUnavailable(DebounceError):
+    """A step could not be taken safely now (the Redis store cannot seal the counter of a
+    flight it would drop); nothing was changed, and the same call can be made again later."""
+
+
 class PublishError(DebounceError):
     """A dispatch message could not be published to the broker.
 

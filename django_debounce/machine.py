@@ -420,15 +420,18 @@ class KeyModel:
         self._reindex()
         return TriggerOut(self.flight_id, self.pending, self.due, dispatch is not None), dispatch
 
-    def fold(self, count: int, last: int) -> None:
+    def fold(
+        self, count: int, last: int, wait: int | None = None, max_wait: int | None = None
+    ) -> None:
         """``count`` triggers that a Redis counter absorbed for the open flight, the last of
-        them at ``last``, join it as that many plain merges with the flight's payload and the
-        task's options would have (docs/design.md, "The counter and its fences"): the same
-        pending count, totals, last trigger time and due time."""
+        them at ``last``, each with ``wait``/``max_wait`` (``None``: the task's), join it as
+        that many plain merges with the flight's payload would have (docs/design.md, "The
+        counter and its fences"): the same pending count, totals, last trigger time and due
+        time."""
         if count <= 0:
             return
         assert self.pending > 0 and self.anchor is not None and self.due is not None
-        wait, max_wait = self.options(None, None)
+        wait, max_wait = self.options(wait, max_wait)
         self.pending += count
         self.triggers += count
         self.last = max(last, self.last or last)

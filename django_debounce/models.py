@@ -179,23 +179,8 @@ class DebounceKey(models.Model):
         blank=True,
         help_text=_("When the outstanding dispatch message should arrive."),
     )
-    watchdog_at = AwareDateTimeField(
-        _("watchdog due"),
-        null=True,
-        blank=True,
-        help_text=_("Lease end watched by the parked watchdog message, if any."),
-    )
     overlap = models.BooleanField(
         _("overlap"), default=False, help_text=_("The task allows overlapping runs of this key.")
-    )
-    merge_until = AwareDateTimeField(
-        _("merge until"),
-        null=True,
-        blank=True,
-        help_text=_(
-            "Until when a trigger only merges into the open flight (the one-statement "
-            "hot path); empty when the full state machine must decide."
-        ),
     )
     due_fixed = models.BooleanField(
         _("due time fixed"),
@@ -315,19 +300,21 @@ class DebounceKey(models.Model):
         default="",
         help_text=_("Outcome of the last finished run."),
     )
-    store = models.CharField(
-        _("store"),
-        max_length=16,
-        default="database",
-        help_text=_("Which store holds the live state: database, or redis (this row mirrors it)."),
+    counter_id = models.PositiveBigIntegerField(
+        _("counter id"),
+        default=0,
+        help_text=_(
+            "The Redis store's counter of the open flight (0: none): the only counter a claim "
+            "folds into this row."
+        ),
     )
-    recheck_at = AwareDateTimeField(
-        _("recheck at"),
+    counter_until = AwareDateTimeField(
+        _("counter until"),
         null=True,
         blank=True,
         help_text=_(
-            "For a key whose live state is in Redis: when to compare this record with Redis if "
-            "no change reached it (a flight whose Redis state was lost is rebuilt from it)."
+            "Until when a Redis counter may count triggers of the open flight; a claim that "
+            "cannot reach Redis waits for it (empty: no counter)."
         ),
     )
     created_at = AwareDateTimeField(
@@ -345,12 +332,6 @@ class DebounceKey(models.Model):
             models.Index(fields=["state"], name="debounce_key_state"),
             models.Index(fields=["task_name", "state"], name="debounce_key_task_state"),
             models.Index(fields=["updated_at"], name="debounce_key_updated"),
-            # Records of keys held in Redis to compare with it (the other rows have none).
-            models.Index(
-                fields=["recheck_at"],
-                name="debounce_key_recheck",
-                condition=models.Q(recheck_at__isnull=False),
-            ),
         ]
 
     def __str__(self) -> str:
@@ -401,12 +382,6 @@ class DebounceRun(models.Model):
         help_text=_("The key this run belongs to."),
     )
     task_name = models.CharField(_("task"), max_length=255, help_text=_("Celery name of the task."))
-    store = models.CharField(
-        _("store"),
-        max_length=16,
-        default="database",
-        help_text=_("The store that claimed the run: database or redis."),
-    )
     flight_id = models.PositiveBigIntegerField(
         _("flight id"), help_text=_("Flight this run absorbed.")
     )
@@ -448,7 +423,7 @@ class DebounceRun(models.Model):
         verbose_name_plural = _("debounce runs")
         constraints = [
             models.UniqueConstraint(
-                fields=["debounce_key", "store", "run_id"], name="debounce_run_key_run_uniq"
+                fields=["debounce_key", "run_id"], name="debounce_run_key_run_uniq"
             ),
         ]
         indexes = [

@@ -19,26 +19,13 @@ logger = logging.getLogger("django_debounce")
 def recover() -> int:
     """One pump pass: redo runs whose lease ran out, publish flights that are due (their
     message never went out, or went out more than ``DEBOUNCE_DISPATCH_GRACE`` ago and was not
-    claimed: the same sequence number goes out again), rebuild flights whose Redis state was
-    lost from their durable record. Only tasks registered here as
-    debounced tasks are published. What the pass changed on the Redis store reaches the
-    durable record before it returns (no recorder runs in this process). Returns how many
-    messages were published."""
+    claimed: the same sequence number goes out again). Only tasks registered here as
+    debounced tasks are published. Returns how many messages were published."""
     from django_debounce.pump import Pump, stats
 
     before = stats.published
-    Pump().tick(recheck=True)
-    record_now()
+    Pump().tick()
     return stats.published - before
-
-
-def record_now() -> None:
-    """Write the records of the Redis store that no recorder wrote yet into the durable rows
-    (``DebounceKey``/``DebounceRun``), in a process that runs no recorder (``debounce_purge``)
-    and reads those rows; errors are logged, as a worker's recorder logs them."""
-    from django_debounce.recorder import Recorder
-
-    Recorder().tick(force=True)
 
 
 def registered_names() -> set[str]:
@@ -50,24 +37,24 @@ def registered_names() -> set[str]:
 
 def cancel_unregistered(keys: Any, *, dry_run: bool = False) -> tuple[int, int, list[str]]:
     """Drop the pending triggers of the keys in ``keys`` (a ``DebounceKey`` queryset) whose
-    task is not a registered debounced task here (removed or renamed), through the store
-    that holds each key (``DebounceKey.store``); nothing is dispatched. Such keys then turn
-    idle and are purged like any other. Returns ``(keys with triggers dropped, triggers
-    dropped, task names)``; with ``dry_run`` counts what would be dropped from the rows, with
-    the live pending counts of the keys Redis holds (merged triggers never write their row)."""
+    task is not a registered debounced task here (removed or renamed); nothing is
+    dispatched. Such keys then turn idle and are purged like any other. Returns ``(keys with
+    triggers dropped, triggers dropped, task names)``; with ``dry_run`` counts what would be
+    dropped, with the triggers Redis counters hold and no step folded yet."""
     from django_debounce import live
 
     registered = registered_names()
     orphans = keys.active().exclude(task_name__in=registered)
     names = sorted(set(orphans.values_list("task_name", flat=True)))
     if dry_run:
-        rows = list(orphans.only("key_hash", "store", "pending"))
+        rows = list(orphans.only("key_hash", "pending"))
         live.refresh(rows)
         counts = [row.live_pending for row in rows]  # type: ignore[attr-defined]
         return sum(1 for p in counts if p), sum(counts), names
     touched = dropped = 0
-    for row in orphans.only("key_hash", "store", "task_name").iterator():
-        n = get_backend(row.store).cancel(
+    backend = get_backend()
+    for row in orphans.only("key_hash", "task_name").iterator():
+        n = backend.cancel(
             row.key_hash, task_name=row.task_name, options=FlightOptions(wait=0.0)
         )
         touched += 1 if n else 0

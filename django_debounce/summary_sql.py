@@ -30,10 +30,15 @@ from django.db import OperationalError, connections
 from django.db.models import Aggregate, F, FloatField, Func, IntegerField, QuerySet, Window
 from django.db.models.functions import RowNumber
 
-from django_debounce.backends.database_sql import adapt_time
+from django_debounce.dbtime import to_db
 from django_debounce.models import DebounceRun
 
-# Created on SQLite only, by migration 0003 (the other databases never use it).
+def adapt_time(ops: Any, value: datetime) -> Any:
+    """``value`` (aware) as the database adapter stores it under either ``USE_TZ``."""
+    return ops.adapt_datetimefield_value(to_db(value))
+
+
+# Created on SQLite only, by migration 0001 (the other databases never use it).
 SQLITE_DELAY_INDEX = "debounce_run_task_delay"
 # SQLite allows at most 500 terms in one compound SELECT.
 SQLITE_MAX_TERMS = 500

@@ -24,7 +24,6 @@ def run_due(now: datetime | None = None, *, backend: str | None = None) -> int:
     passed yet. Returns how many runs executed. A body's exception propagates at once (after
     its failure or retry is recorded); flights not yet run stay due for the next call.
     """
-    from django_debounce.recorder import drain_all
     from django_debounce.tasks import registered_debounced_tasks
 
     store = get_backend(backend)
@@ -33,24 +32,19 @@ def run_due(now: datetime | None = None, *, backend: str | None = None) -> int:
     # returns are not published: this function is the worker).
     store.take(tasks, 1_000_000, now=now)
     count = 0
-    try:
-        for _pass in range(1000):
-            ran = 0
-            for task_name, key_hash in store.due_keys(now, list(tasks)):
-                task = get_debounced_task(task_name)
-                decision = task.get_backend().fire(
-                    key_hash, None, task_name=task.name, options=task.flight_options(), now=now
-                )
-                if decision.action is FireAction.CLAIM and decision.claim is not None:
-                    task.run_claim(task.get_backend(), decision.claim)
-                    ran += 1
-            count += ran
-            if not ran:
-                break
-    finally:
-        # No recorder runs in this process: the durable records of Redis keys are written
-        # now, those of a run whose body raised included.
-        drain_all()
+    for _pass in range(1000):
+        ran = 0
+        for task_name, key_hash in store.due_keys(now, list(tasks)):
+            task = get_debounced_task(task_name)
+            decision = task.get_backend().fire(
+                key_hash, None, task_name=task.name, options=task.flight_options(), now=now
+            )
+            if decision.action is FireAction.CLAIM and decision.claim is not None:
+                task.run_claim(task.get_backend(), decision.claim)
+                ran += 1
+        count += ran
+        if not ran:
+            break
     return count
 
 

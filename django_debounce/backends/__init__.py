@@ -17,13 +17,18 @@ from django_debounce.backends.base import BaseBackend
 ALIASES = {
     "database": "django_debounce.backends.database.DatabaseBackend",
     "redis": "django_debounce.backends.redis.RedisBackend",
-    "auto": "django_debounce.backends.auto.AutoBackend",
 }
 
 
 def backend_path(value: str | None = None) -> str:
-    """Dotted path of the backend class named by ``value`` or ``DEBOUNCE_BACKEND``."""
+    """Dotted path of the backend class named by ``value`` or ``DEBOUNCE_BACKEND``; ``auto``
+    is the Redis store when a Redis is configured for it, else the database store (decided
+    when the store is loaded, never by failover at run time)."""
     value = value or conf.get("BACKEND")
+    if value == "auto":
+        from django_debounce.backends.redis import redis_configured
+
+        value = "redis" if redis_configured() else "database"
     return ALIASES.get(value, value)
 
 

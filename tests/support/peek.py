@@ -16,67 +16,24 @@ def us(value: datetime | None) -> int | None:
     return (value - EPOCH) // timedelta(microseconds=1)
 
 
-def peek_redis(backend: Any, key_hash: str, task_name: str, collect: bool) -> dict[str, Any] | None:
-    from django_debounce.backends.redis import key_id, shard_of
-
-    client = backend.client
-    base = backend.state_key(key_hash)
-    raw = client.hgetall(base)
-    if not raw:
+def peek_redis(backend: Any, key_hash: str, cfg: Any) -> dict[str, Any] | None:
+    """The row of ``key_hash`` with what its Redis counter counted folded in (as the next
+    step that seals the counter will fold it); ``cfg``: the task's ``machine.Config``; the
+    test's fake clock (the counters' times are its times)."""
+    rows = backend.rows()
+    rows.clock(EPOCH)  # the counters' times are the fake clock's: no conversion
+    record = rows.read(key_hash, cfg)
+    if record is None:
         return None
-    h = {k.decode(): v.decode() for k, v in raw.items()}
-
-    def n(name: str) -> int:
-        return int(h.get(name) or 0)
-
-    def t(name: str) -> int | None:
-        return n(name) or None
-
-    def items(zkey: str) -> list[Any]:
-        return [json.loads(x) for x in client.zrange(zkey, 0, -1)]
-
-    def js(name: str) -> Any:
-        return json.loads(h[name]) if h.get(name) else None
-
-    pending = n("p")
-    first = t("ft")
-    last = t("lt") or (first if pending else None)
-    anchor = (t("an") or first) if pending else None
-    score = client.zscore(
-        backend.shard_prefix(shard_of(key_hash)) + "due:" + task_name, key_id(key_hash)
-    )
-    return {
-        "pending": pending,
-        "flight_id": n("f"),
-        "first": first,
-        "last": last,
-        "anchor": anchor,
-        "bound": t("bd") if pending else None,
-        "attempted": n("ac") if pending else 0,
-        "due": t("d"),
-        "payload": items(base + ":c") if collect else js("pl"),
-        "due_fixed": bool(n("df")),
-        "attempt": n("ra"),
-        "not_before": t("nb"),
-        "seq": n("q"),
-        "taken": bool(n("tk")),
-        "taken_at": t("ta") if n("tk") else None,
-        "entry": int(score) if score is not None else None,
-        "run_id": n("r"),
-        "run_seq": n("rs") if n("ru") else 0,
-        "running_until": t("ru"),
-        "run_triggers": n("rt"),
-        "run_payload": items(base + ":r") if collect else js("rp"),
-        "run_first": t("rf"),
-        "run_attempt": n("rr"),
-        "run_attempted": n("rc") if n("ru") else 0,
-        "run_bound": t("rb") if n("ru") else None,
-        "last_run_at": t("lr"),
-        "triggers": n("T"),
-        "runs": n("R"),
-        "merged": n("M"),
-        "cancelled": n("C"),
-    }
+    view = peek_database(key_hash, cfg.collect)
+    assert view is not None
+    before = record.key.view()
+    backend.fold_counted(rows, [record], 0)
+    after = record.key.view()
+    for field in ("pending", "triggers", "last", "due", "bound"):
+        if after[field] != before[field]:
+            view[field] = after[field]
+    return view
 
 
 def peek_database(key_hash: str, collect: bool) -> dict[str, Any] | None:

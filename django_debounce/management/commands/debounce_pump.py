@@ -1,4 +1,4 @@
-"""``manage.py debounce_pump``: run a pump (and the recorder) on its own, outside any worker."""
+"""``manage.py debounce_pump``: run a pump on its own, outside any worker."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from typing import Any
 from django.core.management.base import BaseCommand
 
 from django_debounce.pump import Pump, registered_tasks, stats
-from django_debounce.recorder import Recorder
 
 
 class Command(BaseCommand):
@@ -32,10 +31,8 @@ class Command(BaseCommand):
                 "(your project's celery.py) so that its tasks are registered."
             )
         pump = Pump()
-        recorder = Recorder()
         if options["once"]:
-            pump.tick(recheck=True)
-            recorder.tick(force=True)
+            pump.tick()
             self.stdout.write(f"published {stats.published} message(s)")
             return
         done = threading.Event()
@@ -43,8 +40,6 @@ class Command(BaseCommand):
             signal.signal(sig, lambda *_: done.set())
         self.stdout.write(f"pumping {len(tasks)} debounced task(s); SIGINT or SIGTERM stops")
         pump.start()
-        recorder.start()
         done.wait()
         pump.stop()
-        recorder.stop()
         self.stdout.write(f"stopped; published {stats.published} message(s)")

@@ -11,7 +11,7 @@ from django_debounce import dbtime, durations
 from django_debounce.management.commands._common import check_task, database_of, tables_in
 from django_debounce.models import DebounceKey, DebounceRun
 from django_debounce.observe import index_stats
-from django_debounce.recovery import cancel_unregistered, record_now, recover, registered_names
+from django_debounce.recovery import cancel_unregistered, recover, registered_names
 
 
 class Command(BaseCommand):
@@ -80,10 +80,6 @@ class Command(BaseCommand):
                 registered_names(),
             )
             keys, runs = keys.filter(task_name=task), runs.filter(task_name=task)
-        # The durable rows of Redis-held keys lag the live state by the records no recorder
-        # wrote yet (none runs in this process): write them before reading the rows. That
-        # changes no debounce state, so a dry run does it too.
-        record_now()
         now = dbtime.now()
         cutoff = now - age
         dry = options["dry_run"]

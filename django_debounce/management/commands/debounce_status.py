@@ -102,12 +102,11 @@ class Command(BaseCommand):
                     "task": r.task_name,
                     "key": r.key,
                     "state": r.state,
-                    "pending": r.pending,
+                    "pending": r.live_pending,  # type: ignore[attr-defined]
                     "flight_id": r.flight_id,
                     "due_in_s": round(due, 3) if due is not None else None,
                     "fires": display.fire_time(r, now),
                     "lease_until": r.running_until.isoformat() if r.running_until else None,
-                    "store": r.store,
                     "triggers": r.triggers,
                     "runs": r.runs,
                     "merged": r.merged,

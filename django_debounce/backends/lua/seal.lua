@@ -1,0 +1,29 @@
+#!lua flags=allow-oom
+-- Seal the counter of id ARGV[1] (or an older one) before a step decides on the flight
+-- (docs/design.md, fence 3): read what it counted and leave a tombstone of that id, which
+-- refuses merges and any late open of an id up to it, until ARGV[2] microseconds from now.
+-- Flagged allow-oom: it works on a full Redis (it frees more than it writes).
+-- KEYS[1] the counter; ARGV: id, tombstone life (us), now ("": TIME).
+-- Returns {count, age of the last counted trigger in us, fingerprint}; {0} when nothing
+-- was counted; {-1} when the key holds a later counter (nothing touched).
+local now = tonumber(ARGV[3])
+if not now then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+local id = tonumber(ARGV[1])
+local c = redis.call('HMGET', KEYS[1], 'i', 'n', 't', 'f', 's')
+local cur = tonumber(c[1])
+if cur and cur > id then
+  return {-1}
+end
+local out = {0}
+local n = tonumber(c[2])
+if cur and not c[5] and n and n > 0 then
+  out = {n, now - tonumber(c[3]), c[4]}
+end
+local life = math.max(tonumber(ARGV[2]), 0)
+redis.call('DEL', KEYS[1])
+redis.call('HSET', KEYS[1], 'i', id, 's', 1, 'x', now + life)
+redis.call('PEXPIRE', KEYS[1], math.floor(life / 1000) + 1000)
+return out
