@@ -74,13 +74,9 @@ class Pump:
     loops until ``stop()``. ``tasks`` (name -> task) defaults to the registered debounced
     tasks, read at every tick."""
 
-    # Seconds between two rechecks of durable records against Redis (lost Redis state).
-    RECHECK_EVERY = 15.0
-
     def __init__(self, app: Any = None, tasks: dict[str, Any] | None = None) -> None:
         self.app = app
         self._tasks = tasks
-        self._rechecked = 0.0
         self._seen = (stats.published, stats.again)
         self._stop = threading.Event()
         self.thread: threading.Thread | None = None
@@ -97,24 +93,14 @@ class Pump:
             out[task.get_backend()][name] = task
         return out
 
-    def tick(self, *, recheck: bool = False) -> float:
+    def tick(self) -> float:
         """Publish every flight due now (in batches); returns the seconds until the earliest
-        entry left (at most ``DEBOUNCE_PUMP_INTERVAL``). Every ``RECHECK_EVERY`` seconds (or
-        with ``recheck``) it also compares overdue durable records with Redis and rebuilds
-        flights whose Redis state was lost."""
+        entry left (at most ``DEBOUNCE_PUMP_INTERVAL``)."""
         started = time.monotonic()
         interval = max(conf.seconds_of("PUMP_INTERVAL"), conf.MIN_INTERVAL)
         batch = int(conf.get("PUMP_BATCH"))
         sleep = interval
         groups = self.groups()
-        if recheck or started - self._rechecked >= self.RECHECK_EVERY:
-            self._rechecked = started
-            for backend in groups:
-                if hasattr(backend, "recheck"):
-                    try:
-                        backend.recheck()
-                    except Exception:
-                        logger.exception("django_debounce: recheck of durable records failed")
         for backend, tasks in groups.items():
             try:
                 sleep = min(sleep, self._pump(backend, tasks, batch))
