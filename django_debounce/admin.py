@@ -441,7 +441,7 @@ class DebounceRunAdmin(ReadOnlyAdmin):
         "run_id",
         "attempt",
     )
-    list_filter = ("outcome", TaskFilter, StoreFilter)
+    list_filter = ("outcome", TaskFilter)
     list_select_related = ("debounce_key",)
     search_fields = ("debounce_key__key",)
     show_full_result_count = False  # one COUNT over the history per page view, not two

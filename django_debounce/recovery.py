@@ -54,9 +54,7 @@ def cancel_unregistered(keys: Any, *, dry_run: bool = False) -> tuple[int, int, 
     touched = dropped = 0
     backend = get_backend()
     for row in orphans.only("key_hash", "task_name").iterator():
-        n = backend.cancel(
-            row.key_hash, task_name=row.task_name, options=FlightOptions(wait=0.0)
-        )
+        n = backend.cancel(row.key_hash, task_name=row.task_name, options=FlightOptions(wait=0.0))
         touched += 1 if n else 0
         dropped += n
     return touched, dropped, names

@@ -33,6 +33,7 @@ from django.db.models.functions import RowNumber
 from django_debounce.dbtime import to_db
 from django_debounce.models import DebounceRun
 
+
 def adapt_time(ops: Any, value: datetime) -> Any:
     """``value`` (aware) as the database adapter stores it under either ``USE_TZ``."""
     return ops.adapt_datetimefield_value(to_db(value))

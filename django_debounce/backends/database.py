@@ -29,7 +29,8 @@ from django_debounce.state import (
     TriggerResult,
 )
 
-Outcome = DebounceRun.Outcome
+# DebounceRun.Outcome's values
+RUNNING, SUCCESS, FAILURE, RETRY = "running", "success", "failure", "retry"
 
 
 class DatabaseBackend(BaseBackend):
@@ -79,7 +80,11 @@ class DatabaseBackend(BaseBackend):
         merge = k.is_plain_merge(now)
         out, msg = k.trigger(now, payload)
         if out.pending == 0:
-            return TriggerResult(record.key_text, out.flight_id, 0, None, False, dropped=True), None, merge
+            return (
+                TriggerResult(record.key_text, out.flight_id, 0, None, False, dropped=True),
+                None,
+                merge,
+            )
         dispatch = self._dispatch(record, msg)
         result = TriggerResult(
             record.key_text, out.flight_id, out.pending, to_dt(out.due_at), dispatch is not None
@@ -196,9 +201,7 @@ class DatabaseBackend(BaseBackend):
                 dispatch = self._dispatch(record, msg)
                 if dispatch is not None:
                     dispatches.append(dispatch)
-            first = (
-                self._entries(names).order_by("due_at").values_list("due_at", flat=True)[:1]
-            )
+            first = self._entries(names).order_by("due_at").values_list("due_at", flat=True)[:1]
             left = next(iter(first), None)
         next_in = None if left is None else (to_us(left) - at) / US  # type: ignore[operator]
         return Taken(dispatches, again, next_in)
@@ -242,7 +245,7 @@ class DatabaseBackend(BaseBackend):
                         due_at=to_dt(due),
                         started_at=to_dt(at),
                         delay=max(at - last, 0) / US,
-                        outcome=Outcome.RUNNING,
+                        outcome=RUNNING,
                     )
                 )
             rows.write(record, at)
@@ -272,11 +275,11 @@ class DatabaseBackend(BaseBackend):
 
     def finish(self, key_hash, run_id, end, *, task_name, options, now=None, store=None):
         if end.ok:
-            outcome = Outcome.SUCCESS
+            outcome = SUCCESS
         elif end.retry_in is not None:
-            outcome = Outcome.RETRY
+            outcome = RETRY
         else:
-            outcome = Outcome.FAILURE
+            outcome = FAILURE
         retry = None if end.ok or end.retry_in is None else int(round(max(end.retry_in, 0) * US))
         rows = self.rows()
         with rows.atomic():
@@ -298,7 +301,9 @@ class DatabaseBackend(BaseBackend):
                     else k.run_triggers - k.run_attempted
                 )
                 covered = k.run_triggers - back
-            msg = k.finish(at, -1 if other else run_id, ok=end.ok, retry_in=retry, give_up=end.give_up)
+            msg = k.finish(
+                at, -1 if other else run_id, ok=end.ok, retry_in=retry, give_up=end.give_up
+            )
             if live and not other:
                 record.last_outcome = outcome
             if run_id not in k.events and not other:
@@ -400,7 +405,10 @@ class DatabaseBackend(BaseBackend):
         if key_hash not in rows:
             return None
         row = rows[key_hash]
-        out = {f: row[f] for f in ("pending", "flight_id", "triggers", "runs", "merged", "cancelled", "state")}
+        out = {
+            f: row[f]
+            for f in ("pending", "flight_id", "triggers", "runs", "merged", "cancelled", "state")
+        }
         out["seq"] = row["scheduled_seq"]
         out["store_code"] = self.store
         return out
@@ -420,13 +428,20 @@ class DatabaseBackend(BaseBackend):
         from django.db.models import Count, Min, Q
 
         at = self.rows().clock(None)
-        qs = self._entries(task_names).values("task_name").annotate(
-            depth=Count("key_hash"), due=Count("key_hash", filter=Q(due_at__lte=to_dt(at))), first=Min("due_at")
+        qs = (
+            self._entries(task_names)
+            .values("task_name")
+            .annotate(
+                depth=Count("key_hash"),
+                due=Count("key_hash", filter=Q(due_at__lte=to_dt(at))),
+                first=Min("due_at"),
+            )
         )
         out = {name: IndexStats(depth=0, due=0, oldest_due_age=0.0) for name in (task_names or [])}
         for row in qs:
             first = to_us(row["first"])
             age = max(at - first, 0) / US if first is not None and first <= at else 0.0
-            out[row["task_name"]] = IndexStats(depth=row["depth"], due=row["due"], oldest_due_age=age)
+            out[row["task_name"]] = IndexStats(
+                depth=row["depth"], due=row["due"], oldest_due_age=age
+            )
         return out
-

@@ -217,7 +217,13 @@ class RedisBackend(DatabaseBackend):
             if k.running_until is not None:
                 # a lost run is recovered on the row path before a trigger joins its flight
                 x = min(x, t_r + (k.running_until - now))
-            record.extra["open"] = (record.counter_id, fps[record.key_hash], x, k.flight_id, k.pending)
+            record.extra["open"] = (
+                record.counter_id,
+                fps[record.key_hash],
+                x,
+                k.flight_id,
+                k.pending,
+            )
 
     def after_commit(self, records: Sequence[Record]) -> None:
         """After the row path committed: make the counters its flights got (fence 1)."""

@@ -261,8 +261,8 @@ class Rows:
         claimed, and the outcomes of the runs it ended or lost."""
         k = record.key
         for run_id in k.events:
-            record.ended.append((run_id, DebounceRun.Outcome.LOST, "lease ran out"))
-            record.last_outcome = DebounceRun.Outcome.LOST
+            record.ended.append((run_id, "lost", "lease ran out"))
+            record.last_outcome = "lost"
         k.events = []
         changes = record.changes()
         if changes:
@@ -273,7 +273,9 @@ class Rows:
             if k.entry is None:
                 due.filter(key_hash=record.key_hash).delete()
             elif record.entry is None:
-                due.create(key_hash=record.key_hash, task_name=record.task_name, due_at=to_dt(k.entry))
+                due.create(
+                    key_hash=record.key_hash, task_name=record.task_name, due_at=to_dt(k.entry)
+                )
             else:
                 due.filter(key_hash=record.key_hash).update(due_at=to_dt(k.entry))
         if record.new_runs:
