@@ -8,6 +8,8 @@ column that holds it.
 
 from __future__ import annotations
 
+import functools
+import json
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -16,9 +18,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.db import connections, models, transaction
-from django.db.models import OuterRef, Subquery
 
-from django_debounce.dbtime import AwareDateTimeField
+from django_debounce.dbtime import from_db
 from django_debounce.machine import US, Config, KeyModel
 from django_debounce.models import DebounceDue, DebounceKey, DebounceRun
 from django_debounce.state import FlightOptions
@@ -59,9 +60,43 @@ FIELDS: dict[str, str] = {
 TIMES = frozenset(
     a for a, c in FIELDS.items() if isinstance(DebounceKey._meta.get_field(c), models.DateTimeField)
 )
+JSONS = frozenset(
+    a for a, c in FIELDS.items() if isinstance(DebounceKey._meta.get_field(c), models.JSONField)
+)
+BOOLS = frozenset(
+    a for a, c in FIELDS.items() if isinstance(DebounceKey._meta.get_field(c), models.BooleanField)
+)
 # columns a step reads besides the state
-HEAD = ("id", "key", "key_hash", "task_name", "overlap", "counter_id", "counter_until")
+HEAD = ("id", "key", "key_hash", "task_name", "overlap", "counter_id", "counter_until", "state")
+COLUMNS = (*HEAD, *FIELDS.values())
+FIELD = {f.column: f for f in DebounceKey._meta.concrete_fields}
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def q(name: str) -> str:
+    """A quoted identifier (the same in PostgreSQL and SQLite)."""
+    return f'"{name}"'
+
+
+KEY = q(DebounceKey._meta.db_table)
+DUE = q(DebounceDue._meta.db_table)
+UPSERT_DUE = (
+    f"INSERT INTO {DUE} ({q('key_hash')}, {q('task_name')}, {q('due_at')}) VALUES (%s, %s, %s) "
+    f"ON CONFLICT ({q('key_hash')}) DO UPDATE SET {q('due_at')} = EXCLUDED.{q('due_at')}"
+)
+DELETE_DUE = f"DELETE FROM {DUE} WHERE {q('key_hash')} = %s"
+# a new row: these columns, then every other column with a default, at its default
+NEW_COLUMNS = ["key_hash", "key", "task_name", "overlap", "created_at", "updated_at"]
+NEW_DEFAULTS = []
+for _f in DebounceKey._meta.concrete_fields:
+    if _f.column not in NEW_COLUMNS and _f.column != "id" and not _f.null:
+        NEW_COLUMNS.append(_f.column)
+        NEW_DEFAULTS.append(_f.get_default())
+
+
+@functools.cache
+def _update_text(cols: tuple[str, ...]) -> str:
+    return f"UPDATE {KEY} SET {', '.join(f'{q(c)} = %s' for c in cols)} WHERE {q('id')} = %s"
 
 
 def to_us(value: datetime | None) -> int | None:
@@ -161,20 +196,36 @@ class Rows:
         if self.pg:
             with connections[self.alias].cursor() as cursor:
                 cursor.execute("SELECT clock_timestamp()")
-                value = cursor.fetchone()[0]
-            at = to_us(value if value.tzinfo else value.replace(tzinfo=UTC))
+                at = self._us(cursor.fetchone()[0])
             assert at is not None
             return at
         return int(datetime.now(UTC).timestamp() * US)
 
-    def _query(self, lock: bool, skip_locked: bool = False) -> models.QuerySet:
-        qs = DebounceKey.objects.using(self.alias)
-        if lock:
-            qs = qs.select_for_update(skip_locked=skip_locked, of=("self",))
-        entry = DebounceDue.objects.using(self.alias).filter(key_hash=OuterRef("key_hash"))
-        return qs.annotate(
-            entry=Subquery(entry.values("due_at")[:1], output_field=AwareDateTimeField())
+    @staticmethod
+    def _us(value: Any) -> int | None:
+        return to_us(from_db(value))
+
+    def _select(self, where: str, *, lock: bool, skip_locked: bool = False) -> str:
+        """The text of a read of whole records (``where`` on the key table ``k``)."""
+        text = (
+            f"SELECT {', '.join('k.' + q(c) for c in COLUMNS)}, d.{q('due_at')} FROM {KEY} k "
+            f"LEFT JOIN {DUE} d ON d.{q('key_hash')} = k.{q('key_hash')} WHERE {where}"
         )
+        if lock and self.pg:
+            text += " FOR UPDATE OF k" + (" SKIP LOCKED" if skip_locked else "")
+        return text
+
+    def _fetch(self, text: str, params: list[Any], cfgs: Any) -> list[Record]:
+        with connections[self.alias].cursor() as cursor:
+            cursor.execute(text, params)
+            rows = cursor.fetchall()
+        out = []
+        for row in rows:
+            values = dict(zip(COLUMNS, row, strict=False))
+            values["entry"] = row[-1]
+            cfg = cfgs if isinstance(cfgs, Config) or cfgs is None else cfgs.get(row[3])
+            out.append(self._record(values, cfg))
+        return out
 
     def _record(self, row: dict[str, Any], cfg: Config | None) -> Record:
         if cfg is None:  # a step that needs no option but the row's overlap
@@ -184,9 +235,14 @@ class Rows:
         for attr, col in FIELDS.items():
             value = row[col]
             if attr in TIMES:
-                value = to_us(value)
-            elif attr == "payload" and cfg.collect and value is not None:
-                value = value if isinstance(value, list) else [value]
+                value = self._us(value)
+            elif attr in JSONS:
+                if isinstance(value, str):
+                    value = json.loads(value)
+                if attr == "payload" and cfg.collect and value is not None:
+                    value = value if isinstance(value, list) else [value]
+            elif attr in BOOLS:
+                value = bool(value)
             setattr(k, attr, value)
             orig[attr] = value
         if k.pending and k.anchor is None:
@@ -194,9 +250,9 @@ class Rows:
         orig.update(
             state=row["state"],
             counter_id=row["counter_id"],
-            counter_until=to_us(row["counter_until"]),
+            counter_until=self._us(row["counter_until"]),
         )
-        k.entry = to_us(row["entry"])
+        k.entry = self._us(row["entry"])
         return Record(
             pk=row["id"],
             key_text=row["key"],
@@ -211,9 +267,9 @@ class Rows:
 
     def lock(self, key_hash: str, cfg: Config | None) -> Record | None:
         """The record of ``key_hash``, locked for this transaction (``None``: no row)."""
-        rows = self._query(True).filter(key_hash=key_hash).values(*self.columns())
-        row = next(iter(rows), None)
-        return None if row is None else self._record(row, cfg)
+        text = self._select(f"k.{q('key_hash')} = %s", lock=True)
+        got = self._fetch(text, [key_hash], cfg)
+        return got[0] if got else None
 
     def lock_many(
         self, key_hashes: list[str], cfgs: dict[str, Config], *, skip_locked: bool = False
@@ -223,11 +279,12 @@ class Rows:
         transaction holds."""
         if not key_hashes:
             return {}
-        qs = self._query(True, skip_locked).filter(key_hash__in=key_hashes).order_by("key_hash")
-        out = {}
-        for row in qs.values(*self.columns()):
-            out[row["key_hash"]] = self._record(row, cfgs.get(row["task_name"]))
-        return out
+        where = f"k.{q('key_hash')} IN ({', '.join(['%s'] * len(key_hashes))})"
+        text = self._select(where, lock=True, skip_locked=skip_locked)
+        text = text.replace(" FOR UPDATE", f" ORDER BY k.{q('key_hash')} FOR UPDATE")
+        if not self.pg:
+            text += f" ORDER BY k.{q('key_hash')}"
+        return {r.key_hash: r for r in self._fetch(text, list(key_hashes), cfgs)}
 
     def lock_or_create(self, key_hash: str, key: str, task_name: str, cfg: Config) -> Record:
         """The record of ``key_hash``, made first when there is none."""
@@ -240,20 +297,25 @@ class Rows:
 
     def create(self, keys: list[tuple[str, str]], task_name: str, overlap: bool) -> None:
         """Rows for ``(key_hash, key)`` pairs that have none (others are left alone)."""
-        DebounceKey.objects.using(self.alias).bulk_create(
-            [DebounceKey(key_hash=h, key=k, task_name=task_name, overlap=overlap) for h, k in keys],
-            ignore_conflicts=True,
+        if not keys:
+            return
+        conn = connections[self.alias]
+        stamp = FIELD["created_at"].get_db_prep_save(datetime.now(UTC), conn)
+        text = (
+            f"INSERT INTO {KEY} ({', '.join(q(c) for c in NEW_COLUMNS)}) VALUES "
+            + ", ".join([f"({', '.join(['%s'] * len(NEW_COLUMNS))})"] * len(keys))
+            + f" ON CONFLICT ({q('key_hash')}) DO NOTHING"
         )
+        params: list[Any] = []
+        for hashed, key in keys:
+            params += [hashed, key, task_name, overlap, stamp, stamp, *NEW_DEFAULTS]
+        with conn.cursor() as cursor:
+            cursor.execute(text, params)
 
     def read(self, key_hash: str, cfg: Config | None) -> Record | None:
         """The record of ``key_hash`` without a lock (for views)."""
-        rows = self._query(False).filter(key_hash=key_hash).values(*self.columns())
-        row = next(iter(rows), None)
-        return None if row is None else self._record(row, cfg)
-
-    @staticmethod
-    def columns() -> list[str]:
-        return [*HEAD, "state", *FIELDS.values(), "entry"]
+        got = self._fetch(self._select(f"k.{q('key_hash')} = %s", lock=False), [key_hash], cfg)
+        return got[0] if got else None
 
     def write(self, record: Record, now: int, *, reindex: bool = True) -> None:
         """Write a step's result: the changed columns, the due index entry (unless the step
@@ -265,19 +327,19 @@ class Rows:
             record.last_outcome = "lost"
         k.events = []
         changes = record.changes()
-        if changes:
-            changes["updated_at"] = to_dt(now)
-            DebounceKey.objects.using(self.alias).filter(pk=record.pk).update(**changes)
-        if reindex and k.entry != record.entry:
-            due = DebounceDue.objects.using(self.alias)
-            if k.entry is None:
-                due.filter(key_hash=record.key_hash).delete()
-            elif record.entry is None:
-                due.create(
-                    key_hash=record.key_hash, task_name=record.task_name, due_at=to_dt(k.entry)
-                )
-            else:
-                due.filter(key_hash=record.key_hash).update(due_at=to_dt(k.entry))
+        conn = connections[self.alias]
+        with conn.cursor() as cursor:
+            if changes:
+                changes["updated_at"] = to_dt(now)
+                cols = tuple(changes)
+                params = [FIELD[c].get_db_prep_save(changes[c], conn) for c in cols]
+                cursor.execute(_update_text(cols), [*params, record.pk])
+            if reindex and k.entry != record.entry:
+                if k.entry is None:
+                    cursor.execute(DELETE_DUE, [record.key_hash])
+                else:
+                    due = FIELD["due_at"].get_db_prep_save(to_dt(k.entry), conn)
+                    cursor.execute(UPSERT_DUE, [record.key_hash, record.task_name, due])
         if record.new_runs:
             DebounceRun.objects.using(self.alias).bulk_create(record.new_runs)
         finished = to_dt(now)
