@@ -95,8 +95,7 @@ class DatabaseBackend(BaseBackend):
         rows = self.rows()
         cfg = config(options)
         with rows.atomic():
-            at = rows.clock(now)
-            record = rows.lock_or_create(key_hash, key, task_name, cfg)
+            record, at = rows.lock_or_create(key_hash, key, task_name, cfg, now)
             result, dispatch, merge = self._apply_trigger(record, at, json.loads(payload_json))
             rows.write(record, at, reindex=not merge)
         return result, dispatch
@@ -220,8 +219,7 @@ class DatabaseBackend(BaseBackend):
     def fire(self, key_hash, seq, *, task_name, options, now=None, store=None):
         rows = self.rows()
         with rows.atomic():
-            at = rows.clock(now)
-            record = rows.lock(key_hash, config(options))
+            record, at = rows.lock_at(key_hash, config(options), now)
             if record is None:
                 return FireDecision(FireAction.MISSING)
             self.settle(rows, [record], at)
@@ -283,8 +281,7 @@ class DatabaseBackend(BaseBackend):
         retry = None if end.ok or end.retry_in is None else int(round(max(end.retry_in, 0) * US))
         rows = self.rows()
         with rows.atomic():
-            at = rows.clock(now)
-            record = rows.lock(key_hash, config(options))
+            record, at = rows.lock_at(key_hash, config(options), now)
             if record is None:
                 return None
             k = record.key
@@ -318,8 +315,7 @@ class DatabaseBackend(BaseBackend):
     def heartbeat(self, key_hash, run_id, lease, *, task_name, options, now=None, store=None):
         rows = self.rows()
         with rows.atomic():
-            at = rows.clock(now)
-            record = rows.lock(key_hash, config(options))
+            record, at = rows.lock_at(key_hash, config(options), now)
             if record is None or not record.key.heartbeat(at, run_id, int(round(lease * US))):
                 return False
             rows.write(record, at)
@@ -350,8 +346,7 @@ class DatabaseBackend(BaseBackend):
     def flush(self, key_hash, *, task_name, options, now=None):
         rows = self.rows()
         with rows.atomic():
-            at = rows.clock(now)
-            record = rows.lock(key_hash, config(options))
+            record, at = rows.lock_at(key_hash, config(options), now)
             if record is None:
                 return None
             self.settle(rows, [record], at)
@@ -364,8 +359,7 @@ class DatabaseBackend(BaseBackend):
     def cancel(self, key_hash, *, task_name, options, now=None):
         rows = self.rows()
         with rows.atomic():
-            at = rows.clock(now)
-            record = rows.lock(key_hash, config(options))
+            record, at = rows.lock_at(key_hash, config(options), now)
             if record is None:
                 return 0
             self.settle(rows, [record], at, mode="cancel")

@@ -205,27 +205,37 @@ class Rows:
     def _us(value: Any) -> int | None:
         return to_us(from_db(value))
 
-    def _select(self, where: str, *, lock: bool, skip_locked: bool = False) -> str:
-        """The text of a read of whole records (``where`` on the key table ``k``)."""
+    def _select(
+        self, where: str, *, lock: bool, skip_locked: bool = False, clock: bool = False
+    ) -> str:
+        """The text of a read of whole records (``where`` on the key table ``k``), with the
+        database's clock last when ``clock``."""
+        now = ", clock_timestamp()" if clock else ""
         text = (
-            f"SELECT {', '.join('k.' + q(c) for c in COLUMNS)}, d.{q('due_at')} FROM {KEY} k "
+            f"SELECT {', '.join('k.' + q(c) for c in COLUMNS)}, d.{q('due_at')}{now} FROM {KEY} k "
             f"LEFT JOIN {DUE} d ON d.{q('key_hash')} = k.{q('key_hash')} WHERE {where}"
         )
         if lock and self.pg:
             text += " FOR UPDATE OF k" + (" SKIP LOCKED" if skip_locked else "")
         return text
 
-    def _fetch(self, text: str, params: list[Any], cfgs: Any) -> list[Record]:
+    def _fetch(
+        self, text: str, params: list[Any], cfgs: Any, clock: bool = False
+    ) -> tuple[list[Record], int | None]:
+        """The records ``text`` reads, and the clock it read (when ``clock``)."""
         with connections[self.alias].cursor() as cursor:
             cursor.execute(text, params)
             rows = cursor.fetchall()
         out = []
+        at = None
         for row in rows:
+            if clock:
+                at, row = self._us(row[-1]), row[:-1]
             values = dict(zip(COLUMNS, row, strict=False))
             values["entry"] = row[-1]
             cfg = cfgs if isinstance(cfgs, Config) or cfgs is None else cfgs.get(row[3])
             out.append(self._record(values, cfg))
-        return out
+        return out, at
 
     def _record(self, row: dict[str, Any], cfg: Config | None) -> Record:
         if cfg is None:  # a step that needs no option but the row's overlap
@@ -268,8 +278,23 @@ class Rows:
     def lock(self, key_hash: str, cfg: Config | None) -> Record | None:
         """The record of ``key_hash``, locked for this transaction (``None``: no row)."""
         text = self._select(f"k.{q('key_hash')} = %s", lock=True)
-        got = self._fetch(text, [key_hash], cfg)
+        got, _at = self._fetch(text, [key_hash], cfg)
         return got[0] if got else None
+
+    def lock_at(
+        self, key_hash: str, cfg: Config | None, now: datetime | None
+    ) -> tuple[Record | None, int]:
+        """``lock`` and the step's time (``clock(now)``), read together on PostgreSQL."""
+        if now is not None or not self.pg:
+            at = self.clock(now)
+            return self.lock(key_hash, cfg), at
+        self.read_at = time.monotonic()
+        text = self._select(f"k.{q('key_hash')} = %s", lock=True, clock=True)
+        got, read = self._fetch(text, [key_hash], cfg, clock=True)
+        if not got:
+            return None, self.clock(None)
+        assert read is not None
+        return got[0], read
 
     def lock_many(
         self, key_hashes: list[str], cfgs: dict[str, Config], *, skip_locked: bool = False
@@ -284,16 +309,18 @@ class Rows:
         text = text.replace(" FOR UPDATE", f" ORDER BY k.{q('key_hash')} FOR UPDATE")
         if not self.pg:
             text += f" ORDER BY k.{q('key_hash')}"
-        return {r.key_hash: r for r in self._fetch(text, list(key_hashes), cfgs)}
+        return {r.key_hash: r for r in self._fetch(text, list(key_hashes), cfgs)[0]}
 
-    def lock_or_create(self, key_hash: str, key: str, task_name: str, cfg: Config) -> Record:
-        """The record of ``key_hash``, made first when there is none."""
-        record = self.lock(key_hash, cfg)
+    def lock_or_create(
+        self, key_hash: str, key: str, task_name: str, cfg: Config, now: datetime | None
+    ) -> tuple[Record, int]:
+        """The record of ``key_hash``, made first when there is none, and the step's time."""
+        record, at = self.lock_at(key_hash, cfg, now)
         if record is None:
             self.create([(key_hash, key)], task_name, cfg.overlap)
             record = self.lock(key_hash, cfg)
             assert record is not None
-        return record
+        return record, at
 
     def create(self, keys: list[tuple[str, str]], task_name: str, overlap: bool) -> None:
         """Rows for ``(key_hash, key)`` pairs that have none (others are left alone)."""
@@ -314,7 +341,8 @@ class Rows:
 
     def read(self, key_hash: str, cfg: Config | None) -> Record | None:
         """The record of ``key_hash`` without a lock (for views)."""
-        got = self._fetch(self._select(f"k.{q('key_hash')} = %s", lock=False), [key_hash], cfg)
+        text = self._select(f"k.{q('key_hash')} = %s", lock=False)
+        got, _at = self._fetch(text, [key_hash], cfg)
         return got[0] if got else None
 
     def write(self, record: Record, now: int, *, reindex: bool = True) -> None:
