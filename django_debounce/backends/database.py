@@ -92,12 +92,34 @@ class DatabaseBackend(BaseBackend):
         return result, dispatch, merge
 
     def trigger(self, *, task_name, key, key_hash, payload_json, options, now=None):
+        return self.row_trigger(task_name, key, key_hash, payload_json, options, now, None)
+
+    def row_trigger(
+        self,
+        task_name: str,
+        key: str,
+        key_hash: str,
+        payload_json: str,
+        options: FlightOptions,
+        now: datetime | None,
+        context: Any,
+    ) -> tuple[TriggerResult, Dispatch | None]:
+        """``trigger`` on the row (``context`` goes to ``opened``)."""
         rows = self.rows()
         cfg = config(options)
+        payload = json.loads(payload_json)
         with rows.atomic():
             record, at = rows.lock_or_create(key_hash, key, task_name, cfg, now)
-            result, dispatch, merge = self._apply_trigger(record, at, json.loads(payload_json))
-            rows.write(record, at, reindex=not merge)
+            for _again in range(2):
+                self.settle(rows, [record], at, mode="trigger")
+                result, dispatch, merge = self._apply_trigger(record, at, payload)
+                self.opened(rows, [record], at, context)
+                if rows.write(record, at, reindex=not merge):
+                    break
+                # another transaction made the row meanwhile: take the step on it
+                record = rows.lock(key_hash, cfg)  # type: ignore[assignment]
+                assert record is not None
+        self.after_commit([record])
         return result, dispatch
 
     def trigger_many(self, *, task_name, items, options, now=None):

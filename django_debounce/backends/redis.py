@@ -157,9 +157,16 @@ class RedisBackend(DatabaseBackend):
         return [None if isinstance(r, Exception) else tuple(r) for r in replies]  # type: ignore[misc]
 
     def trigger(self, *, task_name, key, key_hash, payload_json, options, now=None):
-        return self.trigger_many(
-            task_name=task_name, items=[(key, key_hash, payload_json)], options=options, now=now
-        )[0]
+        fp = fingerprint(payload_json, options)
+        seen: dict[str, int] = {}
+        if options.collect_limit is None:
+            reply = self._merges([(key_hash, fp)], now)[0]
+            if reply is not None and reply[0] == 1:
+                return TriggerResult(key, reply[1], reply[2], None, False), None
+            if reply is not None:
+                seen[key_hash] = reply[3]
+        context = (seen, {key_hash: fp})
+        return self.row_trigger(task_name, key, key_hash, payload_json, options, now, context)
 
     def trigger_many(self, *, task_name, items, options, now=None):
         out: list[tuple[TriggerResult, Dispatch | None] | None] = [None] * len(items)

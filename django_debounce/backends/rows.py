@@ -95,6 +95,15 @@ for _f in DebounceKey._meta.concrete_fields:
 
 
 @functools.cache
+def _insert_text(cols: tuple[str, ...]) -> str:
+    return (
+        f"INSERT INTO {KEY} ({', '.join(q(c) for c in cols)}) "
+        f"VALUES ({', '.join(['%s'] * len(cols))}) "
+        f"ON CONFLICT ({q('key_hash')}) DO NOTHING RETURNING {q('id')}"
+    )
+
+
+@functools.cache
 def _update_text(cols: tuple[str, ...]) -> str:
     return f"UPDATE {KEY} SET {', '.join(f'{q(c)} = %s' for c in cols)} WHERE {q('id')} = %s"
 
@@ -132,7 +141,7 @@ class Record:
     (to write only what changed), and the counter fence (``counter_id``, ``counter_until``,
     docs/design.md "The counter and its fences")."""
 
-    pk: int
+    pk: int | None  # None: no row yet (``Rows.blank``)
     key_text: str
     key_hash: str
     task_name: str
@@ -317,10 +326,25 @@ class Rows:
         """The record of ``key_hash``, made first when there is none, and the step's time."""
         record, at = self.lock_at(key_hash, cfg, now)
         if record is None:
-            self.create([(key_hash, key)], task_name, cfg.overlap)
-            record = self.lock(key_hash, cfg)
-            assert record is not None
+            record = self.blank(key_hash, key, task_name, cfg)
         return record, at
+
+    def blank(self, key_hash: str, key: str, task_name: str, cfg: Config) -> Record:
+        """The record of a key that has no row yet: ``write`` inserts it."""
+        k = KeyModel(cfg, self.retake, self.direct, exists=True)
+        orig = {attr: getattr(k, attr) for attr in FIELDS}
+        orig.update(state="idle", counter_id=0, counter_until=None)
+        return Record(
+            pk=None,
+            key_text=key,
+            key_hash=key_hash,
+            task_name=task_name,
+            key=k,
+            entry=None,
+            counter_id=0,
+            counter_until=None,
+            orig=orig,
+        )
 
     def create(self, keys: list[tuple[str, str]], task_name: str, overlap: bool) -> None:
         """Rows for ``(key_hash, key)`` pairs that have none (others are left alone)."""
@@ -345,10 +369,12 @@ class Rows:
         got, _at = self._fetch(text, [key_hash], cfg)
         return got[0] if got else None
 
-    def write(self, record: Record, now: int, *, reindex: bool = True) -> None:
-        """Write a step's result: the changed columns, the due index entry (unless the step
-        was a plain merge, which leaves it: it may be early, never late), the runs it
-        claimed, and the outcomes of the runs it ended or lost."""
+    def write(self, record: Record, now: int, *, reindex: bool = True) -> bool:
+        """Write a step's result: the changed columns (a ``blank`` record: its row), the due
+        index entry (unless the step was a plain merge, which leaves it: it may be early,
+        never late), the runs it claimed, and the outcomes of the runs it ended or lost.
+        Returns ``False``, writing nothing, when a blank record's row was made meanwhile by
+        another transaction (the caller locks that row and takes the step again)."""
         k = record.key
         for run_id in k.events:
             record.ended.append((run_id, "lost", "lease ran out"))
@@ -357,7 +383,31 @@ class Rows:
         changes = record.changes()
         conn = connections[self.alias]
         with conn.cursor() as cursor:
-            if changes:
+            if record.pk is None:
+                stamp = FIELD["created_at"].get_db_prep_save(datetime.now(UTC), conn)
+                values = dict(
+                    zip(
+                        NEW_COLUMNS,
+                        [
+                            record.key_hash,
+                            record.key_text,
+                            record.task_name,
+                            k.cfg.overlap,
+                            stamp,
+                            stamp,
+                            *NEW_DEFAULTS,
+                        ],
+                        strict=True,
+                    )
+                )
+                changes["updated_at"] = to_dt(now)
+                values.update({c: FIELD[c].get_db_prep_save(v, conn) for c, v in changes.items()})
+                cursor.execute(_insert_text(tuple(values)), list(values.values()))
+                got = cursor.fetchone()
+                if got is None:
+                    return False
+                record.pk = got[0]
+            elif changes:
                 changes["updated_at"] = to_dt(now)
                 cols = tuple(changes)
                 params = [FIELD[c].get_db_prep_save(changes[c], conn) for c in cols]
@@ -377,3 +427,4 @@ class Rows:
             ).update(outcome=outcome, finished_at=finished, error=error)
         record.new_runs, record.ended = [], []
         record.entry = k.entry
+        return True
