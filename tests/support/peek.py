@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -34,6 +33,18 @@ def peek_redis(backend: Any, key_hash: str, cfg: Any) -> dict[str, Any] | None:
         if after[field] != before[field]:
             view[field] = after[field]
     return view
+
+
+def peek_store(backend: Any, key_hash: str, collect: bool = False) -> dict[str, Any] | None:
+    """The state of ``key_hash`` in ``backend`` (the Redis store: the row with what its counter
+    counted folded in; the database store: the row); ``collect``: the key's task collects."""
+    from django_debounce.backends.redis import RedisBackend
+    from django_debounce.machine import Config
+
+    if isinstance(backend, RedisBackend):
+        cfg = Config(0, None, False, True, False, 1 if collect else None, 0)
+        return peek_redis(backend, key_hash, cfg)
+    return peek_database(key_hash, collect)
 
 
 def peek_database(key_hash: str, collect: bool) -> dict[str, Any] | None:

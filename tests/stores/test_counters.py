@@ -1,0 +1,565 @@
+"""The Redis store's counters (docs/design.md, "One record per key" and "The counter and its
+fences"): a trigger that only joins the open flight with the flight's payload and options is
+absorbed by the key's counter and never writes the database; the next step that needs the
+flight's whole state seals the counter and folds what it counted into the row. Also the
+store's settings: ``DEBOUNCE_REDIS_PREFIX``, ``DEBOUNCE_REDIS_URL``,
+``DEBOUNCE_REDIS_CLUSTER``, and a store configured without a Redis.
+
+Everything runs against real Redis servers (the suite's, the suite's Redis Cluster, or one a
+test starts and stops) and the test database; nothing is mocked. The store is driven with a
+fake clock close to the real one (the counters' expiries are checked against Redis's own
+clock when a counter is made).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from datetime import datetime, timedelta
+
+import pytest
+import redis
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from django.test import override_settings
+from django.utils import timezone
+
+from django_debounce.backends import get_backend
+from django_debounce.backends.redis import RedisBackend, fingerprint, key_id
+from django_debounce.checks import check_backend
+from django_debounce.keys import dumps, key_hash
+from django_debounce.models import DebounceKey, DebounceRun
+from django_debounce.state import FireAction, FlightOptions
+from tests.support.procs import trigger_from_processes
+from tests.support.servers import RedisServer
+from tests.testapp.models import RunLog
+from tests.testapp.tasks import flaky, record, record_slow
+
+US = 1_000_000
+# The counter of a pending key must stay this small (MEMORY USAGE, bytes).
+MAX_COUNTER_BYTES = 300
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def hashed(task, *args) -> str:
+    return key_hash(task.name, task.resolve(args, {})[0])
+
+
+def trig(
+    backend: RedisBackend,
+    task,
+    tag: str,
+    now: datetime,
+    *,
+    payload: object = None,
+    options: FlightOptions | None = None,
+):
+    """One trigger of ``task`` for key ``tag`` straight to the store, at ``now``; the payload
+    is ``[tag]`` (the task's arguments) unless given."""
+    key = task.resolve((tag,), {})[0]
+    return backend.trigger(
+        task_name=task.name,
+        key=key,
+        key_hash=key_hash(task.name, key),
+        payload_json=dumps([tag] if payload is None else payload),
+        options=options or task.flight_options(),
+        now=now,
+    )
+
+
+def take(backend: RedisBackend, task, now: datetime):
+    return backend.take({task.name: task.flight_options()}, 100, now=now)
+
+
+def counter(backend: RedisBackend, h: str) -> dict[str, str]:
+    raw = backend.client.hgetall(backend.counter_key(h))
+    return {k.decode(): v.decode() for k, v in raw.items()}
+
+
+def row_values(h: str) -> dict:
+    return DebounceKey.objects.filter(key_hash=h).values().get()
+
+
+def us(value: datetime) -> int:
+    return int(round(value.timestamp() * US))
+
+
+@pytest.fixture
+def backend() -> RedisBackend:
+    with override_settings(DEBOUNCE_BACKEND="redis"):
+        store = get_backend()
+        assert isinstance(store, RedisBackend)
+        yield store
+
+
+@pytest.fixture
+def own_redis(tmp_path):
+    """A Redis server of the test's own (to restart, or to fill), the store's client on it."""
+    server = RedisServer(tmp_path)
+    server.start()
+    try:
+        with override_settings(DEBOUNCE_BACKEND="redis", DEBOUNCE_REDIS_URL=server.url):
+            yield server
+    finally:
+        server.stop()
+
+
+# -- merges --------------------------------------------------------------------------------------
+
+
+def test_a_merged_trigger_writes_no_row_and_the_next_take_folds_it(backend, unique_tag):
+    h = hashed(record_slow, unique_tag)  # wait 60 s
+    t0 = timezone.now()
+    result, dispatch = trig(backend, record_slow, unique_tag, t0)  # opens: the row path
+    assert (result.pending, dispatch) == (1, None)
+    row = row_values(h)
+    assert (row["state"], row["pending"], row["triggers"]) == ("pending", 1, 1)
+    assert row["counter_id"] > 0
+    assert row["counter_until"] >= row["due_at"] == t0 + timedelta(seconds=60)
+    made = counter(backend, h)
+    assert (int(made["i"]), made["n"], made.get("s")) == (row["counter_id"], "0", None)
+
+    for i in (1, 2):
+        result, dispatch = trig(backend, record_slow, unique_tag, t0 + timedelta(seconds=i))
+        assert (result.flight_id, result.pending, dispatch) == (1, 1 + i, None)
+    assert row_values(h) == row  # merged: not a column of the row changed
+    assert counter(backend, h)["n"] == "2"
+    assert backend.counted([h]) == {h: 2}
+    live = backend.live_state(h)
+    assert (live["pending"], live["triggers"], live["flight_id"]) == (3, 3, 1)
+
+    # the row's due time (t0 + 60 s) comes: the take seals the counter and folds its two
+    # triggers, the last at t0 + 2 s, so the flight is due at t0 + 62 s: not yet
+    taken = take(backend, record_slow, t0 + timedelta(seconds=61))
+    assert taken.dispatches == []
+    row = row_values(h)
+    assert (row["pending"], row["triggers"], row["counter_until"]) == (3, 3, None)
+    assert row["last_trigger_at"] == t0 + timedelta(seconds=2)
+    assert row["due_at"] == t0 + timedelta(seconds=62)
+    assert counter(backend, h)["s"] == "1"  # a tombstone now
+    assert backend.counted([h]) == {}
+    taken = take(backend, record_slow, t0 + timedelta(seconds=62))
+    assert [d.key_hash for d in taken.dispatches] == [h]
+    decision = backend.fire(
+        h,
+        taken.dispatches[0].seq,
+        task_name=record_slow.name,
+        options=record_slow.flight_options(),
+        now=t0 + timedelta(seconds=63),
+    )
+    assert decision.action is FireAction.CLAIM
+    assert (decision.claim.triggers, decision.claim.payload) == (3, [unique_tag])
+
+
+def test_the_claim_folds_what_the_counter_counted(backend, unique_tag):
+    h = hashed(record, unique_tag)  # wait 0.3 s
+    opts = record.flight_options()
+    t0 = timezone.now()
+    for i in range(4):
+        trig(backend, record, unique_tag, t0 + timedelta(seconds=i * 0.1))
+    assert row_values(h)["pending"] == 1
+    assert backend.counted([h]) == {h: 3}
+    early = backend.fire(
+        h, None, task_name=record.name, options=opts, now=t0 + timedelta(seconds=0.35)
+    )
+    assert early.action is FireAction.REARM  # due at 0.3 s + 0.3 s once folded
+    assert row_values(h)["pending"] == 4
+    decision = backend.fire(
+        h, None, task_name=record.name, options=opts, now=t0 + timedelta(seconds=0.6)
+    )
+    assert decision.action is FireAction.CLAIM and decision.claim.triggers == 4
+    run = DebounceRun.objects.get(debounce_key__key_hash=h)
+    assert (run.triggers, run.last_trigger_at) == (4, t0 + timedelta(seconds=0.3))
+
+
+def test_another_payload_or_a_per_call_wait_takes_the_row_path(backend, unique_tag):
+    h = hashed(record_slow, unique_tag)
+    opts = record_slow.flight_options()
+    t0 = timezone.now()
+    trig(backend, record_slow, unique_tag, t0)
+    first = row_values(h)["counter_id"]
+    assert counter(backend, h)["f"] == fingerprint(dumps([unique_tag]), opts)
+
+    # another payload (same key: record_slow's key is its tag, the payload has a note)
+    other = [unique_tag, 0.0, "note"]
+    trig(backend, record_slow, unique_tag, t0 + timedelta(seconds=1), payload=other)
+    row = row_values(h)
+    assert (row["pending"], row["payload"]) == (2, other)  # the row took it
+    assert row["counter_id"] > first  # and a new counter takes that payload
+    assert counter(backend, h)["f"] == fingerprint(dumps(other), opts)
+    trig(backend, record_slow, unique_tag, t0 + timedelta(seconds=2), payload=other)
+    assert backend.counted([h]) == {h: 1}
+    assert row_values(h)["pending"] == 2  # merged
+
+    # a per-call wait (debounce_wait=5): the row path, which folds the count first and moves
+    # the due time earlier than the task's wait would (it stays no earlier than before)
+    shorter = dataclasses.replace(opts, wait=5.0)
+    second = row_values(h)["counter_id"]
+    trig(
+        backend, record_slow, unique_tag, t0 + timedelta(seconds=3), payload=other, options=shorter
+    )
+    row = row_values(h)
+    assert (row["pending"], row["triggers"]) == (4, 4)
+    assert row["counter_id"] > second
+    assert counter(backend, h)["f"] == fingerprint(dumps(other), shorter)
+    # the task's own options are another fingerprint: a plain trigger takes the row path too
+    trig(backend, record_slow, unique_tag, t0 + timedelta(seconds=4), payload=other)
+    assert row_values(h)["pending"] == 5
+    assert backend.counted([h]) == {}
+
+
+def test_a_sealed_counter_refuses_merges_and_the_next_trigger_opens_another(backend, unique_tag):
+    h = hashed(record_slow, unique_tag)
+    opts = record_slow.flight_options()
+    t0 = timezone.now()
+    trig(backend, record_slow, unique_tag, t0)
+    trig(backend, record_slow, unique_tag, t0 + timedelta(seconds=1))  # merged
+    sealed_id = row_values(h)["counter_id"]
+    # a flush needs the whole flight: it seals the counter and folds its trigger
+    dispatch = backend.flush(
+        h, task_name=record_slow.name, options=opts, now=t0 + timedelta(seconds=2)
+    )
+    assert dispatch is not None
+    row = row_values(h)
+    assert (row["pending"], row["counter_until"]) == (2, None)
+    assert counter(backend, h) | {"x": ""} == {"i": str(sealed_id), "s": "1", "x": ""}
+    # the sealed counter absorbs nothing: the trigger takes the row path, opening a new one
+    trig(backend, record_slow, unique_tag, t0 + timedelta(seconds=3))
+    row = row_values(h)
+    assert row["pending"] == 3
+    assert row["counter_id"] > sealed_id
+    made = counter(backend, h)
+    assert (int(made["i"]), made["n"], made.get("s")) == (row["counter_id"], "0", None)
+    trig(backend, record_slow, unique_tag, t0 + timedelta(seconds=4))
+    assert backend.counted([h]) == {h: 1}
+
+
+# -- the scripts' fences -------------------------------------------------------------------------
+
+
+def test_open_refuses_past_its_expiry_and_below_a_tombstone(backend, unique_tag):
+    h = hashed(record_slow, unique_tag)
+    name = backend.counter_key(h)
+    open_, seal, merge = (backend.scripts[s] for s in ("open", "seal", "merge"))
+    fp = fingerprint(dumps([unique_tag]), record_slow.flight_options())
+    now = us(timezone.now())
+
+    def opened(ident: int, x: int) -> int:
+        return open_(keys=[name], args=[ident, fp, x, 1, 1, now])
+
+    assert opened(100, now) == 0  # its expiry has passed (x == now)
+    assert opened(100, now - 1) == 0
+    assert not backend.client.exists(name)
+    assert opened(100, now + 10 * US) == 1
+    assert merge(keys=[name], args=[fp, now + 1])[:3] == [1, 1, 2]
+    assert merge(keys=[name], args=[fp, now + 10 * US])[0] == 0  # x reached: no merge
+    assert opened(100, now + 10 * US) == 0  # the same id again
+    assert opened(99, now + 10 * US) == 0  # an older one
+
+    assert seal(keys=[name], args=[99, 5 * US, now + 2]) == [-1]  # a later counter is left
+    assert counter(backend, h)["n"] == "1"
+    got = seal(keys=[name], args=[100, 5 * US, now + 3])
+    assert got == [1, 2, fp.encode()]  # one trigger, counted 2 us before the seal
+    assert counter(backend, h) == {"i": "100", "s": "1", "x": str(now + 3 + 5 * US)}
+    assert 0 < backend.client.pttl(name) <= 5 * 1000 + 1000
+    assert seal(keys=[name], args=[100, 5 * US, now + 4]) == [0]  # sealed: nothing more
+    # a late open of the sealed id (or an older one) changes nothing; a later id opens
+    assert opened(100, now + 10 * US) == 0
+    assert opened(50, now + 10 * US) == 0
+    assert merge(keys=[name], args=[fp, now + 5])[0] == 0  # a tombstone absorbs nothing
+    assert counter(backend, h)["s"] == "1"
+    assert opened(101, now + 10 * US) == 1
+    assert counter(backend, h)["i"] == "101" and "s" not in counter(backend, h)
+
+
+def test_a_late_open_finds_the_tombstone_of_its_counter(backend, unique_tag):
+    """A triggering process paused between its row write and its Redis write: the pump sealed
+    the counter the row named before the counter was made; the late open changes nothing."""
+    h = hashed(record_slow, unique_tag)
+    t0 = timezone.now()
+    trig(backend, record_slow, unique_tag, t0)
+    row = row_values(h)
+    ident = int(counter(backend, h)["i"])
+    backend.client.delete(backend.counter_key(h))  # as if the open had not run yet
+    take(backend, record_slow, t0 + timedelta(seconds=60))  # seals, leaving a tombstone
+    assert counter(backend, h)["s"] == "1"
+    fp = fingerprint(dumps([unique_tag]), record_slow.flight_options())
+    x = us(row["counter_until"])
+    assert (
+        backend.scripts["open"](keys=[backend.counter_key(h)], args=[ident, fp, x, 1, 1, ""]) == 0
+    )
+    trig(backend, record_slow, unique_tag, t0 + timedelta(seconds=60.5))  # the row path
+    assert row_values(h)["pending"] == 2
+
+
+def test_seal_works_on_a_full_redis_and_leaves_a_tombstone(own_redis, unique_tag):
+    backend = get_backend()
+    client = redis.Redis.from_url(own_redis.url)
+    h = hashed(record_slow, unique_tag)
+    t0 = timezone.now()
+    trig(backend, record_slow, unique_tag, t0)
+    trig(backend, record_slow, unique_tag, t0 + timedelta(seconds=1))  # merged
+    assert backend.counted([h]) == {h: 1}
+    client.config_set("maxmemory-policy", "noeviction")
+    client.config_set("maxmemory", "1")  # full: every write is refused
+    try:
+        with pytest.raises(redis.exceptions.ResponseError, match="maxmemory"):
+            client.set("anything", "x")
+        # a merge on a full Redis: the row path, nothing raised
+        result, _d = trig(backend, record_slow, unique_tag, t0 + timedelta(seconds=2))
+        assert result.pending == 3
+        # the row path sealed the counter first (seal may write on a full Redis), folding its
+        # trigger, and left its tombstone; no new counter could be made
+        row = row_values(h)
+        assert (row["pending"], row["triggers"]) == (3, 3)
+        assert row["last_trigger_at"] == t0 + timedelta(seconds=2)
+        got = counter(backend, h)
+        assert got["s"] == "1" and "n" not in got
+        # a take at the due time needs no Redis write beyond a seal: the flight goes out
+        taken = take(backend, record_slow, t0 + timedelta(seconds=63))
+        assert [d.key_hash for d in taken.dispatches] == [h]
+    finally:
+        client.config_set("maxmemory", "0")
+
+
+def test_a_take_seals_on_a_full_redis(own_redis, unique_tag):
+    backend = get_backend()
+    client = redis.Redis.from_url(own_redis.url)
+    h = hashed(record_slow, unique_tag)
+    t0 = timezone.now()
+    trig(backend, record_slow, unique_tag, t0)
+    trig(backend, record_slow, unique_tag, t0 + timedelta(seconds=1))  # merged
+    ident = row_values(h)["counter_id"]
+    client.config_set("maxmemory-policy", "noeviction")
+    client.config_set("maxmemory", "1")
+    try:
+        taken = take(backend, record_slow, t0 + timedelta(seconds=60))
+        assert taken.dispatches == []  # folded: due at t0 + 61 s
+        row = row_values(h)
+        assert (row["pending"], row["counter_until"]) == (2, None)
+        assert row["due_at"] == t0 + timedelta(seconds=61)
+        assert counter(backend, h) | {"x": ""} == {"i": str(ident), "s": "1", "x": ""}
+    finally:
+        client.config_set("maxmemory", "0")
+
+
+@pytest.mark.parametrize("persistent", [True, False], ids=["same-data", "empty"])
+def test_a_redis_restart_between_triggers_fails_no_trigger(tmp_path, unique_tag, persistent):
+    """The store's connections are closed by the restart (and its scripts unloaded): the next
+    trigger neither raises nor is lost. A Redis that comes back empty forgot its counter: the
+    triggers it had counted are missing from the count (what a cache may forget), never the
+    flight, which runs at the due time the row holds."""
+    from django_debounce import trigger_many
+
+    server = RedisServer(tmp_path, persistent=persistent)
+    server.start()
+    try:
+        with override_settings(DEBOUNCE_BACKEND="redis", DEBOUNCE_REDIS_URL=server.url):
+            backend = get_backend()
+            h = hashed(record_slow, unique_tag)
+            others = [f"{unique_tag}-{i}" for i in range(3)]
+            record_slow.trigger(unique_tag)
+            record_slow.trigger(unique_tag)  # merged
+            trigger_many(record_slow, others)
+            trigger_many(record_slow, others)  # merged, in one pipeline
+            server.stop()
+            server.start()  # every connection closed, no script loaded
+            record_slow.trigger(unique_tag)
+            trigger_many(record_slow, others)
+            lost = 0 if persistent else 1
+            assert backend.live_state(h)["pending"] == 3 - lost
+            for tag in others:
+                assert backend.live_state(hashed(record_slow, tag))["pending"] == 3 - lost
+            taken = take(backend, record_slow, timezone.now() + timedelta(seconds=70))
+            assert sorted(d.key_hash for d in taken.dispatches) == sorted(
+                [h, *(hashed(record_slow, tag) for tag in others)]
+            )
+            assert DebounceKey.objects.get(key_hash=h).pending == 3 - lost
+    finally:
+        server.stop()
+
+
+def test_redis_memory_per_pending_key_is_under_300_bytes(own_redis, unique_tag, record_property):
+    backend = get_backend()
+    client = redis.Redis.from_url(own_redis.url)
+    t0 = timezone.now()
+    tags = [f"{unique_tag}-{i}" for i in range(200)]
+    for tag in tags:
+        trig(backend, record_slow, tag, t0)
+    before = client.info("memory")["used_memory"]
+    for tag in tags:
+        trig(backend, record_slow, tag, t0 + timedelta(seconds=1))  # merged: n and t set
+    sizes = [
+        client.memory_usage(backend.counter_key(hashed(record_slow, t)), samples=0) for t in tags
+    ]
+    assert backend.counted([hashed(record_slow, tags[0])]) == {hashed(record_slow, tags[0]): 1}
+    per_key = max(sizes)
+    record_property("redis_bytes_per_pending_key", per_key)
+    print(f"\nRedis MEMORY USAGE of a pending key's counter: {per_key} bytes")
+    assert per_key < MAX_COUNTER_BYTES, sizes[:3]
+    assert client.info("memory")["used_memory"] >= before
+    assert client.dbsize() == len(tags)  # one Redis key per pending key, nothing else
+
+
+def test_twenty_processes_trigger_one_key(unique_tag):
+    with override_settings(DEBOUNCE_BACKEND="redis"):
+        errors = trigger_from_processes("record_slow", [[[unique_tag]] * 5 for _ in range(20)])
+        assert errors == []
+        h = hashed(record_slow, unique_tag)
+        backend = get_backend()
+        live = backend.live_state(h)
+        assert (live["pending"], live["triggers"], live["flight_id"]) == (100, 100, 1)  # I6
+        assert DebounceKey.objects.get(key_hash=h).flight_id == 1  # one row, one flight
+        assert record_slow.cancel(unique_tag) == 100  # the cancel seals and folds them all
+
+
+def test_long_unicode_keys_are_safe_and_do_not_collide(backend, unique_tag):
+    base = (unique_tag + "\nline one\n" + "é ü 漢字 \t" * 40)[:250]
+    a, b = base + "A" * 50, base + "B" * 50
+    t0 = timezone.now()
+    for tag in (a, b, a):
+        trig(backend, record_slow, tag, t0)
+    ha, hb = hashed(record_slow, a), hashed(record_slow, b)
+    assert ha != hb and backend.counter_key(ha) != backend.counter_key(hb)
+    assert backend.counted([ha, hb]) == {ha: 1}
+    assert len(key_id(ha)) == 43 and "=" not in key_id(ha)
+    keys = set(DebounceKey.objects.filter(key_hash__in=[ha, hb]).values_list("key", flat=True))
+    assert keys == {record_slow.resolve((a,), {})[0], record_slow.resolve((b,), {})[0]}
+
+
+# -- the store's Redis ---------------------------------------------------------------------------
+
+
+def test_two_prefixes_share_one_redis_without_meeting(unique_tag):
+    h = hashed(record_slow, unique_tag)
+    t0 = timezone.now()
+    with override_settings(DEBOUNCE_BACKEND="redis", DEBOUNCE_REDIS_PREFIX="alpha"):
+        alpha = get_backend()
+        trig(alpha, record_slow, unique_tag, t0)
+        trig(alpha, record_slow, unique_tag, t0 + timedelta(seconds=1))
+        assert alpha.counter_key(h) == f"alpha:{key_id(h)}"
+    # the other deployment has a database of its own: these rows are not its rows
+    DebounceKey.objects.all().delete()
+    with override_settings(DEBOUNCE_BACKEND="redis", DEBOUNCE_REDIS_PREFIX="beta"):
+        beta = get_backend()
+        assert beta.counted([h]) == {}  # alpha's counter is not beta's
+        trig(beta, record_slow, unique_tag, t0 + timedelta(seconds=2))
+        trig(beta, record_slow, unique_tag, t0 + timedelta(seconds=3))
+        assert beta.live_state(h)["pending"] == 2
+    assert alpha.counted([h]) == {h: 1}  # untouched by beta's triggers
+    client = alpha.client
+    assert {k.decode() for k in client.keys(f"*{key_id(h)}*")} == {
+        alpha.counter_key(h),
+        beta.counter_key(h),
+    }
+    assert not client.keys("debounce:*")  # the default prefix is used by neither
+
+
+@pytest.mark.parametrize("prefix", ["a{b", "a}b", "", 7])
+def test_a_prefix_with_braces_or_empty_is_refused(prefix, unique_tag):
+    with override_settings(DEBOUNCE_BACKEND="redis", DEBOUNCE_REDIS_PREFIX=prefix):
+        with pytest.raises(ImproperlyConfigured, match="DEBOUNCE_REDIS_PREFIX"):
+            record_slow.trigger(unique_tag)
+
+
+@pytest.mark.parametrize("backend_name", ["redis", "auto"])
+def test_redis_url_gives_the_store_a_redis_of_its_own(backend_name, tmp_path, unique_tag, eager):
+    from django_debounce.testing import run_due
+
+    server = RedisServer(tmp_path)
+    server.start()
+    try:
+        own = redis.Redis.from_url(server.url)
+        with override_settings(DEBOUNCE_BACKEND=backend_name, DEBOUNCE_REDIS_URL=server.url):
+            backend = get_backend()
+            assert isinstance(backend, RedisBackend)
+            h = hashed(record, unique_tag)
+            record.trigger(unique_tag)
+            record.trigger(unique_tag)  # merged
+            assert own.hget(backend.counter_key(h), "n") == b"1"
+            cache = redis.Redis.from_url(settings.CACHES["default"]["LOCATION"])
+            assert not cache.keys("debounce:*")  # not in the cache alias's Redis
+            assert run_due(now=timezone.now() + timedelta(seconds=5)) == 1
+        assert list(RunLog.objects.filter(tag=unique_tag).values_list("triggers", flat=True)) == [2]
+        assert own.hget(backend.counter_key(h), "s") == b"1"  # the claim sealed it
+    finally:
+        server.stop()
+
+
+def test_a_redis_cluster_client_counts_and_folds(unique_tag):
+    nodes = os.environ.get("DEBOUNCE_TEST_REDIS_CLUSTER")
+    if not nodes:
+        pytest.fail("DEBOUNCE_TEST_REDIS_CLUSTER is not set: run the suite with scripts/test")
+    tags = [f"{unique_tag}-{i}" for i in range(30)]  # keys on every master
+    with override_settings(DEBOUNCE_BACKEND="redis", DEBOUNCE_REDIS_CLUSTER=nodes.split(",")):
+        backend = get_backend()
+        from redis.cluster import RedisCluster
+
+        assert isinstance(backend.client, RedisCluster)
+        hashes = [hashed(record_slow, tag) for tag in tags]
+        try:
+            masters = {
+                backend.client.get_node_from_key(backend.counter_key(h)).name for h in hashes
+            }
+            assert len(masters) == 3
+            from django_debounce import trigger_many
+
+            t0 = timezone.now()
+            trig(backend, record_slow, tags[0], t0)
+            made = backend.client.hgetall(backend.counter_key(hashes[0]))
+            assert made.get(b"n") == b"0", f"no counter was made: {made}"
+            trig(backend, record_slow, tags[0], t0 + timedelta(seconds=1))  # merged
+            trigger_many(record_slow, tags)  # one pipeline over the masters
+            trigger_many(record_slow, tags)
+            assert backend.counted(hashes) == {h: (2 if h == hashes[0] else 1) for h in hashes}
+            assert DebounceKey.objects.get(key_hash=hashes[0]).pending == 1
+            for h in hashes:
+                assert backend.live_state(h)["pending"] == (4 if h == hashes[0] else 2)
+            taken = take(backend, record_slow, timezone.now() + timedelta(seconds=70))
+            assert sorted(d.key_hash for d in taken.dispatches) == sorted(hashes)
+            assert backend.counted(hashes) == {}
+            pending = dict(
+                DebounceKey.objects.filter(key_hash__in=hashes).values_list("key_hash", "pending")
+            )
+            assert pending == {h: (4 if h == hashes[0] else 2) for h in hashes}
+        finally:
+            for h in hashes:
+                backend.client.delete(backend.counter_key(h))
+
+
+def test_check_w001_for_redis_backend_on_a_non_redis_cache():
+    caches = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+    with override_settings(DEBOUNCE_BACKEND="redis", CACHES=caches):
+        ids = [m.id for m in check_backend()]
+    assert ids == ["django_debounce.W001"]
+
+
+def test_the_redis_store_without_a_redis_says_what_to_configure(unique_tag):
+    caches = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+    with override_settings(DEBOUNCE_BACKEND="redis", CACHES=caches):
+        with pytest.raises(ImproperlyConfigured, match="DEBOUNCE_REDIS_URL"):
+            get_backend().client  # noqa: B018
+
+
+def test_auto_is_the_database_store_without_a_redis_and_the_redis_store_with_one():
+    caches = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+    with override_settings(DEBOUNCE_BACKEND="auto", CACHES=caches):
+        assert get_backend().name == "database"
+    with override_settings(DEBOUNCE_BACKEND="auto"):
+        assert get_backend().name == "redis"
+
+
+def test_run_due_records_a_run_whose_body_raised(unique_tag, eager):
+    """``run_due`` lets a body's exception propagate after its retry is recorded in the row."""
+    from django_debounce.testing import run_due
+
+    with override_settings(DEBOUNCE_BACKEND="redis"):
+        flaky.trigger(unique_tag, 1)
+        with pytest.raises(RuntimeError, match="flaky failure 0"):
+            run_due(now=timezone.now() + timedelta(seconds=5))
+        run = DebounceRun.objects.get(task_name=flaky.name)
+        assert (run.outcome, run.attempt) == ("retry", 0)
+        assert "flaky failure 0" in run.error
+        assert run_due(now=timezone.now() + timedelta(seconds=10)) == 1  # after its backoff
+    assert sorted(DebounceRun.objects.values_list("outcome", flat=True)) == ["retry", "success"]
