@@ -1,8 +1,8 @@
 """What the flow reports as it goes: Django signals (``signals.py``), log lines under the
 ``django_debounce`` logger, and Prometheus metrics when ``prometheus-client`` is installed.
 
-The flow calls these functions at four points (a trigger counted, a run started, a run
-finished, a trigger that fell back from Redis to the database); none of them can raise into
+The flow calls these functions at three points (a trigger counted, a run started, a run
+finished); none of them can raise into
 the flow: receivers are called with ``send_robust`` and their errors are logged.
 
 Log levels: DEBUG per trigger, INFO per run started and finished (a retried failure too: the
@@ -15,7 +15,6 @@ Celery's prefork pool as prometheus-client documents):
 - ``django_debounce_triggers_total``: triggers counted;
 - ``django_debounce_runs_total``: runs started;
 - ``django_debounce_merged_triggers_total``: triggers absorbed without a run of their own;
-- ``django_debounce_fallbacks_total``: triggers that went to the database because Redis failed;
 - ``django_debounce_run_failures_total``: runs whose body raised (retried or not);
 - ``django_debounce_trigger_to_start_delay_seconds``: histogram of the seconds from the last
   claimed trigger to the start of its run.
@@ -50,11 +49,6 @@ class Metrics:
         self.merged = counter(
             "django_debounce_merged_triggers",
             "Triggers absorbed by a run without a run of their own.",
-            ["task"],
-        )
-        self.fallbacks = counter(
-            "django_debounce_fallbacks",
-            "Triggers that went to the database store because Redis failed.",
             ["task"],
         )
         self.failures = counter("django_debounce_run_failures", "Runs whose body raised.", ["task"])
@@ -277,10 +271,3 @@ def run_finished(task: Any, claim: Claim, started: float, outcome: str, error: s
         duration=duration,
         **facts,
     )
-
-
-def fallback(task_name: str) -> None:
-    """A trigger of ``task_name`` went to the database store because Redis failed (the auto
-    store logs the outage itself, once)."""
-    if metrics is not None:
-        metrics.fallbacks.labels(task_name).inc()

@@ -131,30 +131,65 @@ class RedisBackend(DatabaseBackend):
         """Microseconds a counter outlives its flight's due time."""
         return int(round(GRACE_INTERVALS * float(conf.get("PUMP_INTERVAL")) * US))
 
-    def _warn(self, what: str, exc: BaseException) -> None:
-        logger.warning("django_debounce: Redis %s failed (%s); the row path takes it", what, exc)
+    # Seconds a failure of Redis sends triggers straight to the row path (no merge tried, no
+    # counter made), so a Redis that hangs costs one socket timeout, not one per trigger.
+    BACKOFF = 1.0
+    _skip_until = 0.0
+    _warned_at = -3600.0
+
+    def _failed(self, what: str, exc: BaseException) -> None:
+        """Redis failed a call: back off, and warn once a minute at most."""
+        now = time.monotonic()
+        self._skip_until = now + self.BACKOFF
+        if now - self._warned_at >= 60.0:
+            self._warned_at = now
+            logger.warning("django_debounce: Redis failed a %s (%s); the rows take it", what, exc)
+        else:
+            logger.debug("django_debounce: Redis failed a %s (%s)", what, exc)
+
+    def _calls(self, name: str, calls: Sequence[tuple[str, list[Any]]]) -> list[Any]:
+        """Run script ``name`` for each ``(Redis key, args)``, pipelined; each reply, or the
+        error of that call. A script Redis lost (a restart) is loaded again."""
+        script = self.scripts[name]
+        if len(calls) == 1:
+            key, args = calls[0]
+            try:
+                return [script(keys=[key], args=args)]
+            except redis_errors() as exc:
+                self._failed(name, exc)
+                return [exc]
+        try:
+            pipe = self.client.pipeline(transaction=False)
+            for key, args in calls:
+                script(keys=[key], args=args, client=pipe)
+            replies = list(pipe.execute(raise_on_error=False))
+        except redis_errors() as exc:
+            self._failed(name, exc)
+            return [exc] * len(calls)
+        from redis.exceptions import NoScriptError
+
+        for i, reply in enumerate(replies):
+            if isinstance(reply, NoScriptError):  # a cluster pipeline leaves it to us
+                replies[i] = self._calls(name, [calls[i]])[0]
+        return replies
+
+    def backing_off(self) -> bool:
+        """Whether Redis failed less than ``BACKOFF`` seconds ago in this process."""
+        return time.monotonic() < self._skip_until
 
     # -- triggers ------------------------------------------------------------------------------
 
     def _merges(
         self, items: Sequence[tuple[str, str]], now: Any
     ) -> list[tuple[int, int, int, int] | None]:
-        """Run **merge** for each ``(key_hash, fingerprint)`` in one pipeline; ``None`` for
-        every item when Redis cannot be reached."""
-        at = "" if now is None else str(to_us(now))
-        script = self.scripts["merge"]
-        try:
-            if len(items) == 1:
-                hashed, fp = items[0]
-                return [tuple(script(keys=[self.counter_key(hashed)], args=[fp, at]))]  # type: ignore[list-item]
-            pipe = self.client.pipeline(transaction=False)
-            for hashed, fp in items:
-                script(keys=[self.counter_key(hashed)], args=[fp, at], client=pipe)
-            replies = pipe.execute(raise_on_error=False)
-        except redis_errors() as exc:
-            self._warn("merge", exc)
+        """Run **merge** for each ``(key_hash, fingerprint)`` in one pipeline; ``None`` for an
+        item Redis did not answer (and for every item while backing off)."""
+        if self.backing_off():
             return [None] * len(items)
-        return [None if isinstance(r, Exception) else tuple(r) for r in replies]  # type: ignore[misc]
+        at = "" if now is None else str(to_us(now))
+        calls = [(self.counter_key(hashed), [fp, at]) for hashed, fp in items]
+        replies = self._calls("merge", calls)
+        return [None if isinstance(r, Exception) else tuple(r) for r in replies]
 
     def trigger(self, *, task_name, key, key_hash, payload_json, options, now=None):
         fp = fingerprint(payload_json, options)
@@ -234,19 +269,11 @@ class RedisBackend(DatabaseBackend):
 
     def after_commit(self, records: Sequence[Record]) -> None:
         """After the row path committed: make the counters its flights got (fence 1)."""
-        todo = [r for r in records if "open" in r.extra]
-        if not todo:
+        todo = [(r.key_hash, r.extra.pop("open")) for r in records if "open" in r.extra]
+        if not todo or self.backing_off():
             return
-        script = self.scripts["open"]
-        try:
-            pipe = self.client.pipeline(transaction=False)
-            for record in todo:
-                counter_id, fp, x, flight_id, pending = record.extra.pop("open")
-                args = [counter_id, fp, x, flight_id, pending, ""]
-                script(keys=[self.counter_key(record.key_hash)], args=args, client=pipe)
-            pipe.execute(raise_on_error=False)
-        except redis_errors() as exc:
-            self._warn("open", exc)
+        calls = [(self.counter_key(h), [*opening, ""]) for h, opening in todo]
+        self._calls("open", calls)
 
     # -- the fence of every other step ---------------------------------------------------------
 
@@ -259,18 +286,12 @@ class RedisBackend(DatabaseBackend):
         todo = [r for r in records if r.counter_until is not None]
         if not todo:
             return
-        script = self.scripts["seal"]
         at = "" if rows.now_given is None else str(rows.now_given)
-        try:
-            pipe = self.client.pipeline(transaction=False)
-            for record in todo:
-                life = max(record.counter_until - now, 0)  # type: ignore[operator]
-                args = [record.counter_id, life, at]
-                script(keys=[self.counter_key(record.key_hash)], args=args, client=pipe)
-            replies = pipe.execute(raise_on_error=False)
-        except redis_errors() as exc:
-            self._warn("seal", exc)
-            replies = [exc] * len(todo)
+        calls = [
+            (self.counter_key(r.key_hash), [r.counter_id, max(r.counter_until - now, 0), at])  # type: ignore[operator]
+            for r in todo
+        ]
+        replies = self._calls("seal", calls)
         # Redis's time of the seal is at most this much after the step's time: the last
         # counted trigger's time in the database's clock is never taken earlier than it was
         elapsed = 0 if rows.now_given is not None else int((time.monotonic() - rows.read_at) * US)
