@@ -11,9 +11,14 @@ run. A run is known by its dispatch message (key hash and sequence),
 which the main process holds for every request it has handed to the pool.
 
 When the store cannot be reached, the keeper stops a run before its lease ends (minus a
-margin) by terminating the pool process that runs it (prefork), so the run that redoes it
-never overlaps it (I2). Pools that cannot terminate one task (threads, gevent, eventlet,
-solo) are warned about at worker start.
+margin) by killing the pool process that runs it (prefork), so the run that redoes it never
+overlaps it (I2); and when the store says the lease was lost. It decides on a fresh store
+call only (after a stall every deadline may look passed), and kills a process only while that
+process, checked at that moment, still executes the very run (``runtable.py``): the view of
+the main process lags (a run that ended during a stall still looks active, and its process
+may run the next task). Celery records a stopped run's task as failed (``WorkerLostError``).
+Pools that cannot stop one task (threads, gevent, eventlet, solo) are warned about at worker
+start.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
+from django_debounce import runtable
 from django_debounce.backends.base import LiveRun
 from django_debounce.dispatch import DISPATCH_KWARG, parse_message
 
@@ -35,6 +41,11 @@ MARGIN = 2.0
 # Longest sleep between two looks at the active runs (a look costs no store call): a run that
 # starts while the keeper waits to extend a long lease is seen this soon, whatever its lease.
 LOOK = 0.5
+
+
+# Why a run is stopped (the log line says it).
+UNRENEWED = "its lease could not be renewed (the store unreachable) before it ends"
+LOST = "the store says its lease was lost"
 
 
 @dataclass
@@ -56,6 +67,7 @@ class LeaseKeeper:
         self.tracked: dict[str, _Tracked] = {}
         self.extended = 0
         self.terminated = 0
+        self.unstoppable: set[str] = set()  # requests it could not stop (logged once each)
 
     def live(self) -> list[tuple[Any, Any, Any]]:
         """``(request, task, message)`` of every active request that is a debounced run."""
@@ -81,7 +93,14 @@ class LeaseKeeper:
     def tick(self) -> float:
         """Extend the lease of every live run that is due for it (a run new to the keeper at
         once, then every third of its lease); stop runs whose lease could not be renewed in
-        time. Returns the seconds until the next tick (at most ``LOOK``)."""
+        time. Returns the seconds until the next tick (at most ``LOOK``).
+
+        A run is stopped only on what this tick learnt: a run whose deadline (minus the
+        margin) has passed is always extended again first, with a fresh store call, even
+        when its next extension is not due (after a stall of this process every deadline
+        may look passed). It is stopped when that call says its lease is lost, or could not
+        reach the store and the deadline has passed; and then only if its pool process,
+        checked at that moment, still executes that very run (``runtable``)."""
         runs = self.live()
         now = time.time()
         seen = {}
@@ -94,7 +113,7 @@ class LeaseKeeper:
                 start = request.time_start or now
                 tracked = self.tracked[request.id] = _Tracked(start + options.lease, options.lease)
             seen[request.id] = (request, task, tracked)
-            if now < tracked.extend_at:
+            if now < tracked.extend_at and now < tracked.deadline - _margin(tracked):
                 continue
             run = LiveRun(
                 message.key_hash,
@@ -108,7 +127,12 @@ class LeaseKeeper:
         for request_id in list(self.tracked):
             if request_id not in seen:
                 del self.tracked[request_id]
+        self.unstoppable &= seen.keys()
         for backend, items in by_store.items():
+            # Which of these runs their pool process executes before the store is asked: a
+            # run it says is not live then had been claimed, so it is lost (or has finished).
+            before = self._claimed(items)
+            asked = time.time()
             try:
                 ends = backend.extend([item[3] for item in items])
             except Exception as exc:
@@ -117,41 +141,88 @@ class LeaseKeeper:
                 failed = True
             else:
                 failed = False
-            for (request, _task, _message, _run), end in zip(items, ends, strict=True):
+            answered = time.time()
+            for (request, task, message, _run), end in zip(items, ends, strict=True):
                 tracked = self.tracked[request.id]
                 # every run's lease is extended at least three times per lease
-                tracked.extend_at = now + tracked.lease / 3.0
+                tracked.extend_at = answered + tracked.lease / 3.0
                 if end is not None:
-                    tracked.deadline = now + end
+                    tracked.deadline = asked + end
                     tracked.claimed = True
                     self.extended += 1
-                elif tracked.claimed and not failed:
-                    # the store says the run is not live: it finished (the request leaves the
-                    # active set in a moment) or its lease was lost; the deadline decides
-                    pass
-        for request, task, tracked in seen.values():
-            if now >= tracked.deadline - min(MARGIN, tracked.lease / 4):
-                self._stop_run(request, task)
+                elif failed:
+                    if answered >= tracked.deadline - _margin(tracked):
+                        self._stop_run(request, task, message, UNRENEWED)
+                elif tracked.claimed or before[request.id]:
+                    # The store says the run is not live: it finished (the request leaves
+                    # the active set in a moment; its process no longer says it runs it),
+                    # or its lease was lost (ran out during a stall): stop it now.
+                    self._stop_run(request, task, message, LOST)
         # look at the active set again soon (that costs no store call), and in time for the
         # next extension
+        now = time.time()
         soonest = min((t.extend_at for t in self.tracked.values()), default=now + LOOK)
         return max(min(soonest - now, LOOK), 0.05)
 
-    def _stop_run(self, request: Any, task: Any) -> None:
-        """Terminate the pool process of a run whose lease is about to end unrenewed."""
-        if self.pool is None or not getattr(request, "worker_pid", None):
+    @staticmethod
+    def _claimed(items: list[tuple[Any, Any, Any, LiveRun]]) -> dict[str, bool]:
+        """Per request id: whether its pool process says it executes that run (one read of
+        the run table)."""
+        table = runtable.TABLE
+        out = dict.fromkeys((item[0].id for item in items), False)
+        if table is None:
+            return out
+        try:
+            snapshot = table.snapshot()
+            for request, _task, message, _run in items:
+                pid = getattr(request, "worker_pid", None)
+                if pid:
+                    out[request.id] = table.claimed(snapshot, pid, message.key_hash, message.seq)
+        except (OSError, ValueError):
+            logger.exception("django_debounce: could not read the run table")
+        return out
+
+    def _stop_run(self, request: Any, task: Any, message: Any, why: str) -> None:
+        """Kill the pool process of a run whose lease could not be renewed or was lost, if
+        that process still executes it (checked now, under its slot's lock). The pool finds
+        its process gone and fails the task with ``WorkerLostError``: Celery records a
+        failure (``task_failure``; with ``acks_late`` and ``task_reject_on_worker_lost`` the
+        message goes back to the queue instead), and the run is redone after its lease."""
+        table = runtable.TABLE
+        pid = getattr(request, "worker_pid", None)
+        if not pid:
+            return  # not started in a pool process yet
+        if table is None:
+            # not a prefork pool: a run that finished looks lost too; say it only when the
+            # store could not be reached
+            if why == UNRENEWED and request.id not in self.unstoppable:
+                self.unstoppable.add(request.id)
+                logger.error(
+                    "django_debounce: cannot stop %s[%s] (key %s): %s; this pool cannot "
+                    "stop one run, so its redo may overlap it",
+                    task.name,
+                    request.id,
+                    message.key_hash,
+                    why,
+                )
             return
+        try:
+            key = table.stop(pid, message.key_hash, message.seq)
+        except (OSError, ValueError):
+            logger.exception("django_debounce: could not stop %s[%s]", task.name, request.id)
+            return
+        if key is None:
+            return  # that run has ended in that process (or is not running there)
         logger.error(
-            "django_debounce: the lease of %s[%s] could not be renewed; stopping the run so that "
-            "its redo never overlaps it",
+            "django_debounce: stopped %s[%s] (key %r) by killing pool process %d: %s; "
+            "Celery records the task as failed (WorkerLostError) and its flight is redone",
             task.name,
             request.id,
+            key or message.key_hash,
+            pid,
+            why,
         )
-        try:
-            request.terminate(self.pool, signal="SIGKILL")
-            self.terminated += 1
-        except Exception:
-            logger.exception("django_debounce: could not stop %s[%s]", task.name, request.id)
+        self.terminated += 1
         self.tracked.pop(request.id, None)
 
     def run(self) -> None:
@@ -179,3 +250,8 @@ class LeaseKeeper:
         self._stop.set()
         if self.thread is not None:
             self.thread.join(timeout=timeout)
+
+
+def _margin(tracked: _Tracked) -> float:
+    """Seconds before a run's deadline at which it is stopped when its lease is not renewed."""
+    return min(MARGIN, tracked.lease / 4)

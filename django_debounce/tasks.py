@@ -30,7 +30,7 @@ from django.db import (
     transaction,
 )
 
-from django_debounce import argtypes, conf, dbtime, observe
+from django_debounce import argtypes, conf, dbtime, observe, runtable
 from django_debounce.backends import get_backend
 from django_debounce.backends.base import BaseBackend
 from django_debounce.backends.errors import store_unavailable
@@ -626,7 +626,7 @@ class DebouncedTask(Task):
             publish_or_release(self, backend, decision.dispatch)
         if decision.action is not FireAction.CLAIM or decision.claim is None:
             return None
-        return self.run_claim(backend, decision.claim, in_worker=in_worker)
+        return self.run_claim(backend, decision.claim, in_worker=in_worker, seq=seq)
 
     def retry(  # type: ignore[override]
         self,
@@ -685,9 +685,12 @@ class DebouncedTask(Task):
         finally:
             self.pop_request()
 
-    def run_claim(self, backend: BaseBackend, claim: Claim, *, in_worker: bool = False) -> Any:
+    def run_claim(
+        self, backend: BaseBackend, claim: Claim, *, in_worker: bool = False, seq: int | None = None
+    ) -> Any:
         """Execute the body for a claimed flight, then record the finish and schedule what
-        arrived meanwhile.
+        arrived meanwhile. ``seq``: the sequence of the message that claimed it (``None``:
+        claimed in-process).
 
         When the body raises (or calls ``retry()``), the claimed triggers go back to pending
         and run again after the task's backoff, up to ``max_retries`` times; then the failure
@@ -735,8 +738,11 @@ class DebouncedTask(Task):
         started = observe.run_started(self, claim)
         try:
             # In a worker, the lease keeper (keeper.py) extends the lease from the main
-            # process while the body runs; `debounce.heartbeat()` does it by hand.
-            result = self._call_body(args, kwargs, claim.attempt)
+            # process while the body runs; `debounce.heartbeat()` does it by hand. A pool
+            # process says which run it executes until the body ends (runtable.py): the
+            # keeper stops a process only while it still runs the run it protects.
+            with runtable.executing(claim.key_hash, seq, claim.key):
+                result = self._call_body(args, kwargs, claim.attempt)
         except Exception as exc:
             countdown, cause = None, exc
             if isinstance(exc, _RetryRequested):

@@ -2,10 +2,12 @@
 and the recorder in the worker's main process (docs/design.md, "The worker").
 
 ``apps.DebounceConfig.ready`` adds ``DebounceStep`` to every worker's blueprint (through
-Celery's ``celeryd_init`` signal, sent before the blueprint is built). The step starts after
-the pool (so the pool's processes never inherit these threads) and, steps being stopped in
-reverse order, stops before it on a warm shutdown: the pump publishes nothing more while the
-pool finishes its runs, and the lease keeper stops last of the three.
+Celery's ``celeryd_init`` signal, sent before the blueprint is built). The step is created
+before the pool starts, and creates there the run table its pool processes inherit
+(``runtable.py``); it starts after the pool (so the pool's processes never inherit these
+threads) and, steps being stopped in reverse order, stops before it on a warm shutdown: the
+pump publishes nothing more while the pool finishes its runs, and the lease keeper stops last
+of the three.
 """
 
 from __future__ import annotations
@@ -41,6 +43,13 @@ class DebounceStep(bootsteps.StartStopStep):
         self.pump: Any = None
         self.keeper: Any = None
         self.recorder: Any = None
+        if pool_name(worker) in TERMINABLE_POOLS:
+            # Before the pool forks (steps are created before any starts): every pool
+            # process, replacements included, inherits the run table.
+            from django_debounce import runtable
+
+            size = max(worker.concurrency or 0, getattr(worker, "max_concurrency", 0) or 0)
+            runtable.install(max(64, 4 * size))
 
     def start(self, worker: Any) -> None:
         from django_debounce.keeper import LeaseKeeper

@@ -375,3 +375,62 @@ def _register_threads_command() -> None:
 
 
 _register_threads_command()
+
+
+# -- the lease keeper after a stall of the worker's main process (test_keeper_stall.py) ---
+
+from celery import shared_task  # noqa: E402
+from celery.signals import task_failure, task_revoked  # noqa: E402
+
+# Where the worker's main process records what Celery made of the tasks below (a Redis list
+# of the cache's database: one JSON object per outcome).
+OUTCOMES = "testapp:celery-outcomes"
+
+
+@debounced_task(wait=0, name="testapp.stalled", lease=3, key=lambda tag, sleep=0.0: tag)
+def stalled(tag: str, sleep: float = 0.0, *, debounce: RunInfo) -> None:
+    """A run of ``sleep`` seconds with a 3 s lease; a redo (``attempt`` > 0: the first run
+    was lost) returns at once."""
+    _body("testapp.stalled", tag, sleep if not debounce.attempt else 0.0, debounce)
+
+
+@shared_task(name="testapp.plain")
+def plain(tag: str, sleep: float = 0.0) -> None:
+    """A plain Celery task (not debounced): one RunLog row, ``finished`` set when it ends."""
+    _body("testapp.plain", tag, sleep, None)
+
+
+def _record_outcome(outcome: str, task_id: str, sender, exception=None) -> None:
+    import json
+
+    import redis
+    from django.conf import settings
+
+    if getattr(sender, "name", None) not in ("testapp.stalled", "testapp.plain"):
+        return
+    client = redis.Redis.from_url(settings.CACHES["default"]["LOCATION"])
+    try:
+        client.rpush(
+            OUTCOMES,
+            json.dumps(
+                {
+                    "outcome": outcome,
+                    "task": sender.name,
+                    "id": task_id,
+                    "exception": type(exception).__name__ if exception is not None else "",
+                    "pid": os.getpid(),
+                }
+            ),
+        )
+    finally:
+        client.close()
+
+
+@task_failure.connect(weak=False, dispatch_uid="testapp.stalled.failure")
+def _stalled_failed(sender=None, task_id=None, exception=None, **kwargs):
+    _record_outcome("failure", task_id, sender, exception)
+
+
+@task_revoked.connect(weak=False, dispatch_uid="testapp.stalled.revoked")
+def _stalled_revoked(sender=None, request=None, **kwargs):
+    _record_outcome("revoked", getattr(request, "id", None), sender)
