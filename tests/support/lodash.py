@@ -436,10 +436,11 @@ class Player:
         assert result.scheduled == (dispatch is not None), (result, dispatch)
         self.publish(dispatch, now_us)
         # lodash runs func inside the call on a leading edge, and when the call finds maxWait
-        # reached: our worker claims such a flight at once
+        # reached: our worker claims such a flight at once (a trigger a Redis counter merged
+        # has no due time of its own: what is due by now runs)
         o = self.options
         due = us_of(result.due_at) if result.due_at is not None else None
-        if due is not None and due <= now_us and (o.leading or o.max_wait is not None):
+        if (due is None or due <= now_us) and (o.leading or o.max_wait is not None):
             if not self.latency:
                 self.run_before(now_us + 1)
         return result
