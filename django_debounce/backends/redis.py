@@ -330,16 +330,17 @@ class RedisBackend(DatabaseBackend):
         if not todo:
             return
         try:
+            redis_now = 0
+            if rows.now_given is None:
+                seconds, micros = self.client.time()
+                redis_now = int(seconds) * US + int(micros)
             pipe = self.client.pipeline(transaction=False)
-            pipe.time()
             for record in todo:
                 pipe.hmget(self.counter_key(record.key_hash), "i", "n", "t", "s", "f")
             replies = pipe.execute()
         except redis_errors():
             return
-        seconds, micros = replies[0]
-        redis_now = int(seconds) * US + int(micros)
-        for record, (cid, n, t, sealed, fp) in zip(todo, replies[1:], strict=True):
+        for record, (cid, n, t, sealed, fp) in zip(todo, replies, strict=True):
             if not n or sealed or int(n) <= 0 or int(cid) > record.counter_id:
                 continue
             last = int(t) if rows.now_given is not None else now - (redis_now - int(t))
