@@ -82,7 +82,10 @@ def test_changelist_shows_live_counts_fire_time_and_last_run(operator, eager, st
     page = operator.get(reverse(CHANGELIST))
     html = page.content.decode()
     live = shown(page, key)
-    assert (live.live_pending, live.triggers, live.state) == (5, 5, "pending")
+    # the pending count is live (the row's, plus what the key's counter absorbed); the totals
+    # are the row's until a step folds the counter into it
+    totals = 1 if store == "redis" else 5
+    assert (live.live_pending, live.triggers, live.state) == (5, totals, "pending")
     assert live.first_trigger_at <= live.last_trigger_at
     fires = display.fire_time(live, timezone.now())
     assert fires.startswith("in "), fires  # "in 59 s", "in 1 min"
@@ -152,7 +155,9 @@ def test_key_page_shows_live_values_of_a_redis_key(operator, eager):
         assert row.pending == 1
         page = operator.get(reverse("admin:django_debounce_debouncekey_change", args=[row.pk]))
     obj = page.context["original"]
-    assert (obj.live_pending, obj.triggers, obj.live) == (7, 7, True)
+    # live: the row's pending trigger and the six the counter absorbed (the row's total
+    # counts them once a step folds the counter)
+    assert (obj.live_pending, obj.triggers, obj.live) == (7, 1, True)
     assert page.context["has_change_permission"] is False
 
 

@@ -1,6 +1,6 @@
 """What operators see of the due index and the pumps: ``debounce_status --index`` and
 ``--pumps``, the pump's Prometheus metrics and the index gauges read on scrape, and the system
-checks W005 (deprecated settings) and W006 (a Redis that may evict the state).
+check W005 (deprecated settings).
 
 The index and pump tests use a debounced task registered in this process only: the pump of
 the suite's worker (which runs whenever an earlier test started it) never takes its entries,
@@ -24,7 +24,7 @@ from django.core import checks
 from django.core.management import call_command
 from prometheus_client import REGISTRY
 
-from django_debounce.checks import check_deprecated, eviction_warnings
+from django_debounce.checks import check_deprecated
 from django_debounce.pump import Pump
 from django_debounce.testing import run_due
 from tests.celery_app import app
@@ -227,7 +227,7 @@ def test_status_pumps_asks_the_workers_through_remote_control(worker, unique_tag
 # -- system checks ---------------------------------------------------------------------------
 
 
-DEPRECATED = ("DEBOUNCE_RECOVERY_INTERVAL", "DEBOUNCE_REARM_HOLD", "DEBOUNCE_REDIS_TTL")
+DEPRECATED = ("DEBOUNCE_REDIS_IDLE_TTL", "DEBOUNCE_DATABASE_PREPARE")
 
 
 @pytest.mark.django_db  # run_checks() runs the model checks, which may ask the database
@@ -236,60 +236,22 @@ def test_check_w005_names_each_deprecated_setting_that_is_set(settings):
         if hasattr(django_settings, name):
             delattr(settings, name)
     assert check_deprecated() == []
-    settings.DEBOUNCE_REARM_HOLD = 0.5
+    settings.DEBOUNCE_REDIS_IDLE_TTL = 3600
     (only,) = check_deprecated()
     assert (only.id, only.obj, only.level) == (
         "django_debounce.W005",
-        "DEBOUNCE_REARM_HOLD",
+        "DEBOUNCE_REDIS_IDLE_TTL",
         checks.WARNING,
     )
     assert "no longer does anything" in only.msg
-    settings.DEBOUNCE_RECOVERY_INTERVAL = 60
-    settings.DEBOUNCE_REDIS_TTL = 3600
+    assert "One record per key" in only.msg  # what replaced it
+    settings.DEBOUNCE_DATABASE_PREPARE = True
     found = {m.obj: m.msg for m in check_deprecated()}
     assert set(found) == set(DEPRECATED)
-    assert "DEBOUNCE_REDIS_IDLE_TTL" in found["DEBOUNCE_REDIS_TTL"]  # what replaced it
-    assert "pump" in found["DEBOUNCE_RECOVERY_INTERVAL"]
+    assert "remove the setting" in found["DEBOUNCE_DATABASE_PREPARE"]
     # Registered with Django's check framework (manage.py check runs it).
     ran = [m for m in checks.run_checks() if m.id == "django_debounce.W005"]
     assert {m.obj for m in ran} == set(DEPRECATED)
-
-
-@pytest.fixture
-def state_redis() -> Iterator[redis.Redis]:
-    """The Redis that holds the debounce state in the tests, with its ``maxmemory-policy``
-    restored after the test."""
-    client = redis.Redis.from_url(django_settings.CACHES["default"]["LOCATION"])
-    policy = client.config_get("maxmemory-policy")["maxmemory-policy"]
-    try:
-        yield client
-    finally:
-        client.config_set("maxmemory-policy", policy)
-
-
-def w006() -> list[checks.CheckMessage]:
-    return [m for m in eviction_warnings() if m.id == "django_debounce.W006"]
-
-
-@pytest.mark.django_db  # run_checks() runs the model checks, which may ask the database
-def test_check_w006_warns_when_the_state_redis_may_evict(state_redis, settings):
-    settings.DEBOUNCE_BACKEND = "auto"  # the auto store keeps its keys in this Redis
-    state_redis.config_set("maxmemory-policy", "noeviction")
-    assert w006() == []
-
-    state_redis.config_set("maxmemory-policy", "allkeys-lru")
-    (warning,) = w006()
-    assert "'allkeys-lru'" in warning.msg and "can evict pending flights" in warning.msg
-    assert "noeviction" in warning.hint
-    ran = [m for m in checks.run_checks() if m.id == "django_debounce.W006"]
-    assert [m.msg for m in ran] == [warning.msg]  # registered with Django's check framework
-
-    state_redis.config_set("maxmemory-policy", "volatile-ttl")
-    (warning,) = w006()
-    assert "'volatile-ttl'" in warning.msg and "idle keys only" in warning.msg
-
-    state_redis.config_set("maxmemory-policy", "noeviction")
-    assert w006() == []
 
 
 def in_a_thread(run: Any) -> None:
@@ -316,7 +278,7 @@ def in_a_thread(run: Any) -> None:
 @pytest.mark.django_db(transaction=True)
 def test_the_worker_threads_keep_their_database_connection_between_ticks():
     """With ``CONN_MAX_AGE = 0`` (Django's default) ``close_old_connections()`` closes every
-    connection; the pump's, the lease keeper's and the recorder's threads call
+    connection; the pump's and the lease keeper's threads call
     ``tidy_thread_connections()`` before each tick instead: the connection of one tick is the
     connection of the next, and Django's age rule is applied once every ``REFRESH`` s."""
 

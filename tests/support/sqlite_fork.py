@@ -1,6 +1,6 @@
 """``python -m tests.support.sqlite_fork DIR FORKS``: forks a process ``FORKS`` times while a
 thread of it writes to an SQLite database in ``thread_tick()`` ticks, as the prefork pool forks
-its children while the pump, the lease keeper and the recorder tick. Each child writes three
+its children while the pump and the lease keeper tick. Each child writes three
 rows on a connection of its own; the parent checks that every child's rows are there.
 
 Prints one JSON line: ``{"forks", "children_failed", "rows_missing", "ticks", "tick_errors",

@@ -1,7 +1,7 @@
 """The worker's threads and SQLite across the prefork pool's forks (django_debounce/dbconn.py).
 
-The pool forks a new child whenever one exits, while the pump, the lease keeper and the
-recorder tick in the process that forks. SQLite forbids an open connection in any thread of a
+The pool forks a new child whenever one exits, while the pump and the lease keeper tick in
+the process that forks. SQLite forbids an open connection in any thread of a
 forking process: without the guard, most children forked while a thread held its connection
 failed their own writes ("database is locked") or lost them (measured: 42 of 60 children).
 """

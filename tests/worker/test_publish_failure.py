@@ -50,16 +50,10 @@ def broker_down() -> Iterator[None]:
 
 def released(task, key: str) -> bool:
     """The flight of ``key`` waits in the due index, its message not out (released)."""
-    from tests.support.peek import peek_database, peek_redis
+    from tests.support.peek import peek_store
 
     hashed = key_hash(task.name, key)
-    backend = task.get_backend()
-    redis = getattr(backend, "redis", None) if backend.name != "redis" else backend
-    state = None
-    if redis is not None:
-        state = peek_redis(redis, hashed, task.name, False)
-    if state is None or not state["pending"]:
-        state = peek_database(hashed, False)
+    state = peek_store(task.get_backend(), hashed)
     assert state is not None and state["pending"] >= 1, state
     # not taken; the entry at the due time (or earlier: a merge moves the due time later and
     # leaves the entry, which the pump then moves without publishing)

@@ -59,7 +59,7 @@ def test_run_killed_mid_body_is_redone_after_its_lease(
         assert redo.started >= first.started + 3  # not before the lease ran out (I2)
         assert redo.started <= first.started + 3 + 6
         assert redo.triggers == 3  # the lost run's trigger came back, with the two new ones
-        # the lost run is recorded as lost (on Redis through the recorder, a moment later)
+        # the lost run is recorded as lost
         wait_for(
             lambda: (
                 DebounceRun.objects.filter(outcome="lost").count() == 1

@@ -42,8 +42,7 @@ def test_duplicate_delivery_of_one_dispatch_message_runs_once(worker, unique_tag
     live = record.get_backend().live_state(row.key_hash)
     assert live["pending"] == 0
     assert live["runs"] == 1
-    # on the Redis store the worker's recorder writes the run's row after the run (soon, and
-    # within its sweep of a few seconds)
+    # the run's row is written in the claim's and the finish's own transactions
     runs = DebounceRun.objects.filter(debounce_key=row)
     wait_for(runs.exists, message="the run's record")
     assert runs.count() == 1
@@ -53,8 +52,8 @@ def test_trigger_inside_atomic_runs_after_commit_and_reads_committed_row(worker)
     doc = Doc.objects.create(value=1)
     wait_for(lambda: RunLog.objects.filter(task="testapp.doc_saved", value_seen=1).exists())
     RunLog.objects.all().delete()
-    # The first run reaches the durable record (on the Redis store through the worker's
-    # recorder, a few seconds later) before the transaction below holds the database.
+    # The first run's finish is in its key's row before the transaction below holds the
+    # database.
     row = wait_for(
         lambda: DebounceKey.objects.filter(task_name="testapp.doc_saved", state="idle").first(),
         message="the first run recorded",

@@ -114,7 +114,7 @@ def test_throttle_runs_at_most_once_per_wait_during_a_stream(worker, unique_tag)
     live = throttled.get_backend().live_state(row.key_hash)
     assert (live["pending"], live["state"]) == (0, "idle")
     assert sum(r.triggers for r in done) == live["triggers"]  # every trigger ran, once (I6)
-    # The durable record catches up (on the Redis store through the worker's recorder).
+    # The row's count: the counters the claims sealed were folded into it.
     wait_for(
         lambda: key_row(throttled, unique_tag).triggers == live["triggers"],
         timeout=20,

@@ -23,7 +23,7 @@ from django_debounce.keys import key_hash
 from django_debounce.models import DebounceKey, DebounceRun
 from tests.celery_app import app
 from tests.support.helpers import ROOT, stays, wait_for
-from tests.support.peek import peek_database, peek_redis
+from tests.support.peek import peek_store
 from tests.support.workers import Worker
 from tests.testapp.models import RunLog
 from tests.testapp.tasks import gil_holder, hosts, lodash_debounce, record, record_slow
@@ -34,12 +34,10 @@ PUMP = "django-debounce pump"
 
 
 def flight(task, tag: str) -> dict | None:
-    """The store's state of ``task``'s key for ``tag`` (Redis first, then the database)."""
+    """The store's state of ``task``'s key for ``tag`` (the row, with what its Redis counter
+    counted folded in)."""
     h = key_hash(task.name, task.resolve((tag,), {})[0])
-    backend = get_backend()
-    redis = backend if backend.name == "redis" else getattr(backend, "redis", None)
-    state = peek_redis(redis, h, task.name, False) if redis is not None else None
-    return state if state is not None and state["pending"] else peek_database(h, False)
+    return peek_store(get_backend(), h)
 
 
 @pytest.fixture
