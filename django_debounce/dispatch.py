@@ -28,22 +28,18 @@ VERSION = 2
 # Most characters of the readable key that monitoring shows (a longer key: its first 127 and
 # "…"); a UUID key such as "catalogue.product:<uuid>" is shown whole.
 LABEL = 128
-# A key hash: SHA-256 in lower-case hex (keys.key_hash); anything else names no key, and the
-# stores would fail on it (the Redis store reads its shard from the first four digits).
+# A key hash: SHA-256 in lower-case hex (keys.key_hash); anything else names no key.
 _KEY_HASH = re.compile(r"[0-9a-f]{64}")
 RETRY_POLICY = {"max_retries": 1, "interval_start": 0, "interval_step": 0.1, "interval_max": 0.1}
 
 
 @dataclass(frozen=True)
 class Message:
-    """A parsed dispatch message. ``legacy``: a message of the previous release (a countdown
-    message ``{"k", "s", "b"}`` or a lease watchdog ``{"k", "w", "b"}``)."""
+    """A parsed dispatch message."""
 
     key_hash: str
     seq: int
     store: str | None
-    legacy: bool = False
-    watch: bool = False
 
 
 def parse_message(message: Any) -> Message | None:
@@ -59,21 +55,14 @@ def parse_message(message: Any) -> Message | None:
         or (b is not None and b not in ("d", "r"))
     ):
         return None
-    keys = set(message)
-    if "w" in message:
-        if not keys <= {"k", "w", "b", "n"}:
-            return None
-        seq, watch = message["w"], True
-    else:
-        if not ({"k", "s"} <= keys <= {"k", "s", "b", "n", "v"}):
-            return None
-        seq, watch = message["s"], False
+    if not ({"k", "s", "v"} <= set(message) <= {"k", "s", "b", "n", "v"}):
+        return None
+    seq = message["s"]
     if isinstance(seq, bool) or not isinstance(seq, int) or seq < 0:
         return None
-    version = message.get("v")
-    if version is not None and version != VERSION:
+    if message["v"] != VERSION:
         return None
-    return Message(k, seq, b, legacy=version is None, watch=watch)
+    return Message(k, seq, b)
 
 
 def is_eager(task: Task) -> bool:

@@ -85,7 +85,7 @@ class LeaseKeeper:
             except Exception:
                 continue
             message = parse_message(kwargs.get(DISPATCH_KWARG))
-            if message is None or message.legacy:
+            if message is None:
                 continue
             out.append((request, task, message))
         return out

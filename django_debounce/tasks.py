@@ -515,12 +515,7 @@ class DebouncedTask(Task):
         dispatch = backend.flush(hashed, task_name=self.name, options=self.flight_options())
         if dispatch is not None:
             if is_eager(self):
-                from django_debounce.recorder import drain_all
-
-                try:
-                    self.fire(hashed, dispatch.seq, store=dispatch.store, in_worker=False)
-                finally:
-                    drain_all()  # no recorder runs in this process (a raising body too)
+                self.fire(hashed, dispatch.seq, store=dispatch.store, in_worker=False)
             else:
                 publish_or_release(self, backend, dispatch)
         return bool(pending)
@@ -570,10 +565,6 @@ class DebouncedTask(Task):
                 message,
             )
             return None
-        if parsed.legacy:
-            from django_debounce import legacy
-
-            return legacy.handle(self, parsed)
         try:
             return self.fire(parsed.key_hash, parsed.seq, store=parsed.store)
         except STORE_ERRORS as exc:

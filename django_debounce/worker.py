@@ -1,13 +1,13 @@
-"""What django-debounce adds to a Celery worker: a bootstep that runs the pump, the lease keeper
-and the recorder in the worker's main process (docs/design.md, "The worker").
+"""What django-debounce adds to a Celery worker: a bootstep that runs the pump and the lease
+keeper in the worker's main process (docs/design.md, "Dispatch at scale").
 
 ``apps.DebounceConfig.ready`` adds ``DebounceStep`` to every worker's blueprint (through
 Celery's ``celeryd_init`` signal, sent before the blueprint is built). The step is created
 before the pool starts, and creates there the run table its pool processes inherit
 (``runtable.py``); it starts after the pool (so the pool's processes never inherit these
 threads) and, steps being stopped in reverse order, stops before it on a warm shutdown: the
-pump publishes nothing more while the pool finishes its runs, and the lease keeper stops last
-of the three.
+pump publishes nothing more while the pool finishes its runs, and the lease keeper stops
+last.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def pool_name(worker: Any) -> str:
 
 
 class DebounceStep(bootsteps.StartStopStep):
-    """Runs the pump (unless ``DEBOUNCE_PUMP`` is false), the lease keeper and the recorder
+    """Runs the pump (unless ``DEBOUNCE_PUMP`` is false) and the lease keeper
     in the worker's main process."""
 
     requires = {"celery.worker.components:Pool"}
@@ -42,7 +42,6 @@ class DebounceStep(bootsteps.StartStopStep):
     def __init__(self, worker: Any, **kwargs: Any) -> None:
         self.pump: Any = None
         self.keeper: Any = None
-        self.recorder: Any = None
         if pool_name(worker) in TERMINABLE_POOLS:
             # Before the pool forks (steps are created before any starts): every pool
             # process, replacements included, inherits the run table.
@@ -54,13 +53,10 @@ class DebounceStep(bootsteps.StartStopStep):
     def start(self, worker: Any) -> None:
         from django_debounce.keeper import LeaseKeeper
         from django_debounce.pump import Pump
-        from django_debounce.recorder import Recorder
 
         self._warn(worker)
         self.keeper = LeaseKeeper(pool=worker.pool)
         self.keeper.start()
-        self.recorder = Recorder()
-        self.recorder.start()
         if conf.get("PUMP"):
             self.pump = Pump(app=worker.app)
             self.pump.start()
@@ -68,7 +64,7 @@ class DebounceStep(bootsteps.StartStopStep):
             logger.info("django_debounce: DEBOUNCE_PUMP is off: this worker runs no pump")
 
     def stop(self, worker: Any) -> None:
-        for part in (self.pump, self.recorder, self.keeper):
+        for part in (self.pump, self.keeper):
             if part is not None:
                 part.stop()
 
@@ -83,16 +79,11 @@ class DebounceStep(bootsteps.StartStopStep):
                 name,
             )
         if db_reuse_max(worker.app) is None:
-            from django_debounce.pump import registered_tasks
-
-            stores = {task.get_backend().name for task in registered_tasks().values()}
-            if "database" in stores or "auto" in stores:
-                logger.warning(
-                    "django_debounce: CELERY_DB_REUSE_MAX is not set: Celery's Django fixup "
-                    "closes the database connections around every task, so each run on the "
-                    "database store opens a new one. Set CELERY_DB_REUSE_MAX (e.g. 1000) in "
-                    "your Django settings."
-                )
+            logger.warning(
+                "django_debounce: CELERY_DB_REUSE_MAX is not set: Celery's Django fixup "
+                "closes the database connections around every task, so each debounced run "
+                "opens a new one. Set CELERY_DB_REUSE_MAX (e.g. 1000) in your Django settings."
+            )
 
 
 def db_reuse_max(app: Any) -> Any:
@@ -107,7 +98,7 @@ def db_reuse_max(app: Any) -> Any:
 
 
 def worker_stats() -> dict[str, Any]:
-    """What this worker's pump, lease keeper and recorder did (the ``debounce_stats`` remote
+    """What this worker's pump did (the ``debounce_stats`` remote
     control command answers with it; ``debounce_status --pumps`` asks every worker)."""
     from django_debounce.pump import stats
 
