@@ -15,7 +15,8 @@ by when it next needs it (``entry``, integer microseconds):
 - nothing to do: no entry.
 
 Every operation but a plain merge (below) ends by putting the key's entry at that time
-(``_reindex``). A plain merge only moves ``due`` later (never earlier), so it leaves the entry
+(``_reindex``). A plain merge only moves ``due`` later (a trigger that would move it earlier,
+with a shorter wait of its own, is not one), so it leaves the entry
 where it is: an entry may be earlier than the key needs, never later, and ``take`` moves an
 early one to the right time without publishing anything.
 
@@ -122,6 +123,7 @@ class TriggerOut:
     pending: int
     due_at: int | None
     scheduled: bool  # this trigger made the flight's message go out (a direct publish)
+    merged: bool = False  # a plain merge: the index entry stays where it was
 
 
 @dataclass(frozen=True)
@@ -318,11 +320,24 @@ class KeyModel:
         return wait, max_wait
 
     def is_plain_merge(self, now: int) -> bool:
-        """A trigger the stores' hot paths take: it only joins an open flight (no edge, no
-        lost lease to recover, not collecting) and moves nothing in the index."""
+        """Whether a trigger now may be a plain merge: it joins an open flight (no edge, no
+        lost lease to recover, not collecting). It is one when it also moves the flight's
+        due time no earlier (``trigger``): then nothing in the index moves."""
         if self.cfg.collect or self.pending == 0:
             return False
         return self.running_until is None or self.running_until > now
+
+    def _due_of(self, now: int, wait: int, bound: int | None) -> int:
+        """The due time a trigger at ``now`` with ``wait`` gives an open flight whose bound is
+        ``bound`` (as lodash restarts its timer at each call: this call's time plus this
+        call's wait, at most the bound; a fixed due time stays; never before a backoff)."""
+        assert self.due is not None
+        due = self.due
+        if not self.due_fixed:
+            due = now + wait if bound is None else min(now + wait, bound)
+        if self.not_before is not None:
+            due = max(due, self.not_before)
+        return due
 
     # -- operations -----------------------------------------------------------------------
 
@@ -337,20 +352,18 @@ class KeyModel:
         self.exists = True
         if self.is_plain_merge(now):
             assert self.due is not None and self.anchor is not None
-            self.pending += 1
-            self.triggers += 1
-            self.last = now
-            self.payload = payload
+            bound = self.bound
             if max_wait is not None:
-                self.bound = _min(self.bound, self.anchor + max_wait)
-            if not self.due_fixed:
-                due = now + wait
-                if self.bound is not None:
-                    due = min(due, self.bound)
-                self.due = max(due, self.due)
-            if self.not_before is not None:
-                self.due = max(self.due, self.not_before)
-            return TriggerOut(self.flight_id, self.pending, self.due, False), None
+                bound = _min(bound, self.anchor + max_wait)
+            due = self._due_of(now, wait, bound)
+            if due >= self.due:  # else: earlier, so the index must move (below)
+                self.pending += 1
+                self.triggers += 1
+                self.last = now
+                self.payload = payload
+                self.bound = bound
+                self.due = due
+                return TriggerOut(self.flight_id, self.pending, self.due, False, True), None
         self._recover_lease(now)
         opened = self.pending == 0
         if opened:
@@ -401,10 +414,6 @@ class KeyModel:
             due = now + wait
             if self.bound is not None:
                 due = min(due, self.bound)
-            if not opened and self.due is not None:
-                # never earlier than the due time given to the flight's earlier triggers (I3):
-                # a lost or retried run that rejoined it brought an older first trigger
-                due = max(due, self.due)
         if full:
             self.due_fixed = True
         if self.not_before is not None and due < self.not_before:
@@ -434,16 +443,12 @@ class KeyModel:
         wait, max_wait = self.options(wait, max_wait)
         self.pending += count
         self.triggers += count
-        self.last = max(last, self.last or last)
+        if self.last is not None and last < self.last:
+            return  # a later trigger on the row path set the due time (the last one wins)
+        self.last = last
         if max_wait is not None:
             self.bound = _min(self.bound, self.anchor + max_wait)
-        if not self.due_fixed:
-            due = self.last + wait
-            if self.bound is not None:
-                due = min(due, self.bound)
-            self.due = max(due, self.due)
-        if self.not_before is not None:
-            self.due = max(self.due, self.not_before)
+        self.due = self._due_of(last, wait, self.bound)
 
     def take(self, now: int) -> tuple[Msg | None, bool]:
         """The pump found the key's entry due (``entry <= now``): publish its flight's message

@@ -76,15 +76,11 @@ class DatabaseBackend(BaseBackend):
     ) -> tuple[TriggerResult, Dispatch | None, bool]:
         """One trigger on a locked record: its result, its message, and whether it was a
         plain merge (which leaves the index entry)."""
-        k = record.key
-        merge = k.is_plain_merge(now)
-        out, msg = k.trigger(now, payload)
+        out, msg = record.key.trigger(now, payload)
+        merge = out.merged
         if out.pending == 0:
-            return (
-                TriggerResult(record.key_text, out.flight_id, 0, None, False, dropped=True),
-                None,
-                merge,
-            )
+            dropped = TriggerResult(record.key_text, out.flight_id, 0, None, False, dropped=True)
+            return dropped, None, merge
         dispatch = self._dispatch(record, msg)
         result = TriggerResult(
             record.key_text, out.flight_id, out.pending, to_dt(out.due_at), dispatch is not None

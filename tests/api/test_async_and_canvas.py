@@ -100,6 +100,23 @@ def test_per_trigger_wait_and_max_wait(eager, store):
     assert long.key == record.resolve(("long",), {})[0]
 
 
+def test_a_shorter_per_call_wait_brings_the_run_earlier(eager, store):
+    """As lodash restarts its timer at each call: a flight is due its last trigger's time
+    plus that trigger's wait, so ``debounce_wait=0`` on a pending key runs it now, and a
+    smaller ``debounce_max_wait`` bounds it sooner."""
+    before = dbtime.now()
+    waiting = record.trigger("rush", debounce_wait=20)
+    assert (waiting.due_at - before).total_seconds() > 19
+    now = record.trigger("rush", debounce_wait=0)  # a user is waiting: now
+    assert now.due_at is not None and (now.due_at - before).total_seconds() < 2
+    assert run_due(now=dbtime.now() + timedelta(seconds=0.5)) == 1
+    (ran,) = RunLog.objects.filter(task="testapp.record", tag="rush")
+    assert ran.triggers == 2
+    record.trigger("bound", debounce_wait=20)
+    bounded = record.trigger("bound", debounce_max_wait=3)
+    assert (bounded.due_at - before).total_seconds() < 5
+
+
 def test_status_reports_the_flight_and_the_last_run(eager, store):
     assert record.status("never") is None
     record.trigger("s")

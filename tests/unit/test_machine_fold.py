@@ -32,8 +32,10 @@ def test_fold_is_that_many_plain_merges(wait, max_wait, leading, opened_with, ga
     )
     key = KeyModel(cfg, retake=60 * US, direct=US)
     now = 1_000 * US
-    # the flight opens on the row path, maybe with a per-call wait of its own
-    key.trigger(now, {"x": 1}, wait=None if opened_with is None else opened_with * US)
+    # the flight opens on the row path, maybe with a per-call wait of its own; the counter it
+    # makes takes only triggers with that same wait (its fingerprint)
+    own = None if opened_with is None else opened_with * US
+    key.trigger(now, {"x": 1}, wait=own)
     if key.pending == 0:
         return  # a trailing=False drop: nothing open to fold into
     merged = copy.deepcopy(key)
@@ -41,7 +43,7 @@ def test_fold_is_that_many_plain_merges(wait, max_wait, leading, opened_with, ga
     at = now
     for gap in gaps:
         at += gap * US // 2
-        assert merged.is_plain_merge(at)
-        merged.trigger(at, {"x": 1})
-    folded.fold(len(gaps), at)
+        out, _msg = merged.trigger(at, {"x": 1}, wait=own)
+        assert out.merged, "a trigger with the counter's own options merges"
+    folded.fold(len(gaps), at, wait=own)
     assert folded.view() == merged.view()
