@@ -6,6 +6,8 @@ Public API (docs/design.md, "Public API"): ``debounced_task``, ``debounced_recei
 
 from typing import TYPE_CHECKING, Any
 
+from django_debounce.state import KeyStatus, RunInfo, TriggerResult
+
 __all__ = [
     "debounced_task",
     "debounced_receiver",
@@ -18,17 +20,14 @@ __version__ = "0.2.0.dev0"
 
 if TYPE_CHECKING:
     from django_debounce.decorators import debounced_receiver, debounced_task, trigger_many
-    from django_debounce.state import KeyStatus, RunInfo, TriggerResult
 
 
 def __getattr__(name: str) -> Any:
-    # Lazy so that importing the package does not import Django models before apps are ready.
+    # Lazy (PEP 562): Django imports this package to find its AppConfig while the app
+    # registry is populated; that import stays free of Celery, the stores and the models
+    # (``state`` above imports nothing but the standard library).
     if name in ("debounced_task", "debounced_receiver", "trigger_many"):
         from django_debounce import decorators
 
         return getattr(decorators, name)
-    if name in ("TriggerResult", "RunInfo", "KeyStatus"):
-        from django_debounce import state
-
-        return getattr(state, name)
     raise AttributeError(name)

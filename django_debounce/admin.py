@@ -19,13 +19,12 @@ from django.utils.html import format_html, format_html_join
 from django.utils.http import urlencode
 from django.utils.translation import gettext_lazy as _
 
-from django_debounce import admin_times, charts, conf, dbtime, display, live
+from django_debounce import admin_times, charts, conf, dbtime, display, live, registry
 from django_debounce.backends import get_backend
 from django_debounce.exceptions import UnknownTask
 from django_debounce.models import DebounceKey, DebounceRun
 from django_debounce.state import FlightOptions
 from django_debounce.summary import DEFAULT_PERIOD, PERIODS, summarize
-from django_debounce.tasks import get_debounced_task
 
 # Runs listed on a key's page (the rest are one click away, in the runs list).
 RECENT_RUNS = 20
@@ -207,7 +206,7 @@ class DebounceKeyAdmin(ReadOnlyAdmin):
         unknown: dict[str, int] = {}
         for row in queryset:
             try:
-                out.append((get_debounced_task(row.task_name), row))
+                out.append((registry.get(row.task_name), row))
             except UnknownTask:
                 unknown[row.task_name] = unknown.get(row.task_name, 0) + 1
         if unknown:
@@ -237,7 +236,7 @@ class DebounceKeyAdmin(ReadOnlyAdmin):
             # Cancelling dispatches nothing, so keys of tasks that are no longer registered
             # (removed or renamed) are cancelled too.
             try:
-                n = get_debounced_task(row.task_name).cancel_key(row.key_hash)
+                n = registry.get(row.task_name).cancel_key(row.key_hash)
             except UnknownTask:
                 n = get_backend().cancel(
                     row.key_hash, task_name=row.task_name, options=FlightOptions(wait=0.0)

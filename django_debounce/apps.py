@@ -2,8 +2,8 @@ from django.apps import AppConfig
 
 
 class DebounceConfig(AppConfig):
-    """App config of django-debounce: registers the system checks, the settings-change hook
-    and the worker bootstep (pump, lease keeper, recorder)."""
+    """App config of django-debounce: registers the system checks, the settings-change hook,
+    the ``django_debounce.trigger`` task and the worker bootstep (pump, lease keeper)."""
 
     name = "django_debounce"
     verbose_name = "Debounce"
@@ -12,11 +12,9 @@ class DebounceConfig(AppConfig):
     def ready(self) -> None:
         from celery.signals import celeryd_init
 
-        from django_debounce import (  # noqa: F401  (registers checks, signal hooks, the task)
-            backends,
-            canvas,
-            checks,
-        )
-        from django_debounce.worker import add_step
+        # In ready(), as Django asks of imports made for their side effects (the checks, the
+        # setting_changed hook, the task): apps.py itself is imported while the app registry
+        # is still being populated.
+        from django_debounce import backends, canvas, checks, worker  # noqa: F401
 
-        celeryd_init.connect(add_step, dispatch_uid="django_debounce.worker")
+        celeryd_init.connect(worker.add_step, dispatch_uid="django_debounce.worker")

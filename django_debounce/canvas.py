@@ -15,6 +15,8 @@ from typing import Any
 
 from celery import shared_task
 
+from django_debounce import registry
+
 
 @shared_task(name="django_debounce.trigger", ignore_result=True, serializer="json")
 def trigger(
@@ -27,9 +29,7 @@ def trigger(
     debounced task, and what ``trigger()`` raises (``TypeError`` for arguments that do not
     fit) — both fail this Celery task, visibly.
     """
-    from django_debounce.tasks import get_debounced_task
-
-    task = get_debounced_task(str(task_name))
+    task = registry.get(str(task_name))
     if not isinstance(args or [], list) or not isinstance(kwargs or {}, dict):
         raise TypeError(
             "django_debounce.trigger takes (task name, list of arguments, dict of keyword "

@@ -14,18 +14,16 @@ from django.core import checks
 from django.utils.module_loading import import_string
 
 from django_debounce import conf
+from django_debounce.backends import backend_path
+from django_debounce.backends.base import BaseBackend
 
 
 @checks.register()
 def check_backend(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """E001 when ``DEBOUNCE_BACKEND`` cannot be imported; W001 when the redis backend is set
     on a cache alias that is not django-redis."""
-    from django_debounce.backends import backend_path
-
     errors: list[checks.CheckMessage] = []
     value = conf.get("BACKEND")
-    from django_debounce.backends.base import BaseBackend
-
     try:
         cls = import_string(backend_path(value))
     except ImportError as exc:

@@ -14,7 +14,7 @@ from django.db import models
 from django_debounce.options import DebounceOptions, check_not_async, task_base
 from django_debounce.receivers import DebouncedReceiverTask, debounced_receiver
 from django_debounce.state import TriggerResult
-from django_debounce.tasks import DebouncedTask
+from django_debounce.tasks import MAX_WAIT_KWARG, WAIT_KWARG, DebouncedTask
 
 __all__ = ["debounced_receiver", "debounced_task", "trigger_many"]
 
@@ -84,8 +84,6 @@ def debounced_task(func: F | None = None, /, **options: Any) -> Any:
 def _check_reserved(fn: Callable[..., Any]) -> None:
     """A body may not name a parameter as a trigger call's own keywords (``debounce_wait``,
     ``debounce_max_wait``): ``trigger()`` takes them for itself."""
-    from django_debounce.tasks import MAX_WAIT_KWARG, WAIT_KWARG
-
     try:
         names = set(inspect.signature(fn).parameters)
     except (TypeError, ValueError):

@@ -30,8 +30,9 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from django_debounce import runtable
+from django_debounce import registry, runtable
 from django_debounce.backends.base import LiveRun
+from django_debounce.dbconn import closing, thread_tick
 from django_debounce.dispatch import DISPATCH_KWARG, parse_message
 
 logger = logging.getLogger("django_debounce")
@@ -73,12 +74,10 @@ class LeaseKeeper:
         """``(request, task, message)`` of every active request that is a debounced run."""
         from celery.worker import state
 
-        from django_debounce.tasks import DebouncedTask
-
         out = []
         for request in list(state.active_requests):
             task = getattr(request, "task", None)
-            if not isinstance(task, DebouncedTask):
+            if not registry.is_debounced(task):
                 continue
             try:
                 kwargs = request.kwargs or {}
@@ -226,8 +225,6 @@ class LeaseKeeper:
         self.tracked.pop(request.id, None)
 
     def run(self) -> None:
-        from django_debounce.dbconn import thread_tick
-
         while not self._stop.is_set():
             try:
                 with thread_tick():
@@ -238,8 +235,6 @@ class LeaseKeeper:
             self._stop.wait(every)
 
     def start(self) -> None:
-        from django_debounce.dbconn import closing
-
         self._stop.clear()
         self.thread = threading.Thread(
             target=closing(self.run), name="django-debounce lease keeper", daemon=True

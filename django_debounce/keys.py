@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from django_debounce import argtypes
+from django_debounce import argtypes, conf
 from django_debounce.exceptions import IntegerTooLong, UnsupportedArgument
 
 RESERVED_PARAMETER = "debounce"
@@ -121,8 +121,6 @@ def check_text(text: str, what: str) -> None:
 def check_size(encoded: str, task_name: str) -> None:
     """Raise ``ValueError`` when a stored payload is larger than ``DEBOUNCE_MAX_PAYLOAD``
     bytes (checked before anything is stored)."""
-    from django_debounce import conf
-
     limit = int(conf.get("MAX_PAYLOAD"))
     if len(encoded) > limit // 4 and len(encoded.encode("utf-8")) > limit:
         raise ValueError(

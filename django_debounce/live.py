@@ -8,6 +8,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
+from django_debounce.backends import get_backend
+from django_debounce.backends.redis import redis_configured
 from django_debounce.models import DebounceKey
 
 logger = logging.getLogger("django_debounce")
@@ -17,9 +19,6 @@ def refresh(rows: Sequence[DebounceKey]) -> None:
     """Give every row ``live_pending`` (the pending count shown) and ``live`` (``True`` when
     a Redis counter added to it). One Redis round trip for all rows when the Redis store is
     configured; none otherwise. When Redis cannot be read, the rows show their own count."""
-    from django_debounce.backends import get_backend
-    from django_debounce.backends.redis import redis_configured
-
     for row in rows:
         row.live_pending = row.pending  # type: ignore[attr-defined]
         row.live = False  # type: ignore[attr-defined]

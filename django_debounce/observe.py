@@ -26,7 +26,7 @@ import logging
 import time
 from typing import Any
 
-from django_debounce import signals
+from django_debounce import registry, signals
 from django_debounce.state import Claim, TriggerResult
 
 logger = logging.getLogger("django_debounce")
@@ -127,10 +127,8 @@ class IndexCollector:
 
 def index_stats() -> dict[str, Any]:
     """``IndexStats`` per registered debounced task, from every store they use."""
-    from django_debounce.pump import Pump
-
     out: dict[str, Any] = {}
-    for backend, tasks in Pump().groups().items():
+    for backend, tasks in registry.by_store().items():
         out.update(backend.index_stats(list(tasks)))
     return out
 

@@ -28,8 +28,9 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from django_debounce import conf, observe
+from django_debounce import conf, observe, registry
 from django_debounce.backends.base import BaseBackend
+from django_debounce.dbconn import closing, fork_pending, thread_tick
 from django_debounce.dispatch import publish
 from django_debounce.state import Dispatch, FlightOptions
 
@@ -50,13 +51,6 @@ class PumpStats:
 
 
 stats = PumpStats()
-
-
-def registered_tasks() -> dict[str, Any]:
-    """Name -> task of every debounced task registered in this process."""
-    from django_debounce.tasks import registered_debounced_tasks
-
-    return {task.name: task for task in registered_debounced_tasks()}
 
 
 def queue_of(task: Any) -> str | None:
@@ -84,14 +78,8 @@ class Pump:
     # -- one tick ---------------------------------------------------------------------------
 
     def tasks(self) -> dict[str, Any]:
-        return self._tasks if self._tasks is not None else registered_tasks()
-
-    def groups(self) -> dict[BaseBackend, dict[str, Any]]:
-        """The tasks grouped by the store that holds their keys."""
-        out: dict[BaseBackend, dict[str, Any]] = defaultdict(dict)
-        for name, task in self.tasks().items():
-            out[task.get_backend()][name] = task
-        return out
+        """Name -> task of the tasks this pump publishes (read at every tick)."""
+        return self._tasks if self._tasks is not None else registry.all_tasks()
 
     def tick(self) -> float:
         """Publish every flight due now (in batches); returns the seconds until the earliest
@@ -100,7 +88,7 @@ class Pump:
         interval = max(conf.seconds_of("PUMP_INTERVAL"), conf.MIN_INTERVAL)
         batch = int(conf.get("PUMP_BATCH"))
         sleep = interval
-        groups = self.groups()
+        groups = registry.by_store(self.tasks())
         for backend, tasks in groups.items():
             try:
                 sleep = min(sleep, self._pump(backend, tasks, batch))
@@ -118,8 +106,6 @@ class Pump:
     def _pump(self, backend: BaseBackend, tasks: dict[str, Any], batch: int) -> float:
         """Take and publish until nothing is due (or the queues are full), one queue at a
         time; the sleep after."""
-        from django_debounce.dbconn import fork_pending
-
         interval = conf.seconds_of("PUMP_INTERVAL")
         next_in = backend.peek(list(tasks))
         if next_in is None:
@@ -154,8 +140,6 @@ class Pump:
         ``DEBOUNCE_PUMP_QUEUE_CAP``, by the depth the broker reports just before it: a pump
         alone never fills a queue past the cap, and pumps that take for one queue at the same
         moment pass it by at most one batch each."""
-        from django_debounce.dbconn import fork_pending
-
         interval = conf.seconds_of("PUMP_INTERVAL")
         options: dict[str, FlightOptions] = {
             name: task.flight_options() for name, task in tasks.items()
@@ -233,8 +217,6 @@ class Pump:
         """Tick until ``stop()``, sleeping between ticks (with up to 10% jitter, always
         shorter: a pump never wakes after the entry it sleeps for, nor later than the
         interval after its last peek)."""
-        from django_debounce.dbconn import thread_tick
-
         while not self._stop.is_set():
             try:
                 with thread_tick():
@@ -249,8 +231,6 @@ class Pump:
 
     def start(self) -> None:
         """Run the pump in a daemon thread of this process."""
-        from django_debounce.dbconn import closing
-
         self._stop.clear()
         self.thread = threading.Thread(
             target=closing(self.run), name="django-debounce pump", daemon=True

@@ -10,7 +10,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from django_debounce import live, registry
 from django_debounce.backends import get_backend
+from django_debounce.pump import Pump, stats
 from django_debounce.state import FlightOptions
 
 logger = logging.getLogger("django_debounce")
@@ -21,18 +23,9 @@ def recover() -> int:
     message never went out, or went out more than ``DEBOUNCE_DISPATCH_GRACE`` ago and was not
     claimed: the same sequence number goes out again). Only tasks registered here as
     debounced tasks are published. Returns how many messages were published."""
-    from django_debounce.pump import Pump, stats
-
     before = stats.published
     Pump().tick()
     return stats.published - before
-
-
-def registered_names() -> set[str]:
-    """Celery names of the debounced tasks registered in this process."""
-    from django_debounce.tasks import registered_debounced_tasks
-
-    return {task.name for task in registered_debounced_tasks()}
 
 
 def cancel_unregistered(keys: Any, *, dry_run: bool = False) -> tuple[int, int, list[str]]:
@@ -41,9 +34,7 @@ def cancel_unregistered(keys: Any, *, dry_run: bool = False) -> tuple[int, int, 
     dispatched. Such keys then turn idle and are purged like any other. Returns ``(keys with
     triggers dropped, triggers dropped, task names)``; with ``dry_run`` counts what would be
     dropped, with the triggers Redis counters hold and no step folded yet."""
-    from django_debounce import live
-
-    registered = registered_names()
+    registered = registry.names()
     orphans = keys.active().exclude(task_name__in=registered)
     names = sorted(set(orphans.values_list("task_name", flat=True)))
     if dry_run:

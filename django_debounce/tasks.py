@@ -30,7 +30,7 @@ from django.db import (
     transaction,
 )
 
-from django_debounce import argtypes, conf, dbtime, observe, runtable
+from django_debounce import argtypes, conf, dbtime, observe, registry, runtable
 from django_debounce.backends import get_backend
 from django_debounce.backends.base import BaseBackend
 from django_debounce.backends.errors import store_unavailable
@@ -40,7 +40,6 @@ from django_debounce.dispatch import (
     parse_message,
     publish_or_release,
 )
-from django_debounce.exceptions import UnknownTask
 from django_debounce.keys import (
     RESERVED_PARAMETER,
     PayloadBinder,
@@ -96,6 +95,8 @@ class DebouncedTask(Task):
     key hash and a sequence number; the payload is read from the store at claim time.
     """
 
+    # How the registry (registry.py) knows a debounced task without importing this module.
+    __debounced__: ClassVar[bool] = True
     typing = False  # dispatch messages carry a reserved keyword the body does not declare
 
     debounce_wait: float | None = None
@@ -347,6 +348,8 @@ class DebouncedTask(Task):
         return await sync_to_async(self._status, thread_sensitive=True)(args, kwargs)
 
     def _status(self, args: tuple, kwargs: dict) -> KeyStatus | None:
+        # Here, not at the top: a module that declares a @debounced_task may be imported
+        # before Django's app registry is ready, and this module imports no model.
         from django_debounce.models import DebounceKey
 
         key = self._key_of(args, kwargs)
@@ -872,27 +875,6 @@ def deferring_alias(using: str | None) -> str | None:
     return None
 
 
-def registered_debounced_tasks() -> list[Any]:
-    """The ``DebouncedTask`` instances registered in the current Celery app."""
-    from celery import current_app
-
-    return [task for task in current_app.tasks.values() if isinstance(task, DebouncedTask)]
-
-
-def get_debounced_task(name: str) -> Any:
-    """The registered ``DebouncedTask`` called ``name``.
-
-    Raises ``UnknownTask`` for names that are not registered debounced tasks, so a name read
-    from the database never dispatches an arbitrary task.
-    """
-    from celery import current_app
-
-    task = current_app.tasks.get(name)
-    if not isinstance(task, DebouncedTask):
-        raise UnknownTask(
-            f"{name!r} is not a registered debounced task in Celery app {current_app.main!r}; "
-            "import the module that defines it; if it was removed or renamed, drop its "
-            "pending triggers with `manage.py debounce_purge --older-than 7d --unregistered` "
-            '(or the admin action "Cancel pending triggers").'
-        )
-    return task
+# The registered debounced task called ``name`` (``UnknownTask`` otherwise): ``registry.get``,
+# under the name it had here before the registry existed.
+get_debounced_task = registry.get

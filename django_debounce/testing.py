@@ -10,9 +10,9 @@ from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 
+from django_debounce import registry
 from django_debounce.backends import get_backend
 from django_debounce.state import FireAction
-from django_debounce.tasks import get_debounced_task
 
 
 def run_due(now: datetime | None = None, *, backend: str | None = None) -> int:
@@ -24,10 +24,8 @@ def run_due(now: datetime | None = None, *, backend: str | None = None) -> int:
     passed yet. Returns how many runs executed. A body's exception propagates at once (after
     its failure or retry is recorded); flights not yet run stay due for the next call.
     """
-    from django_debounce.tasks import registered_debounced_tasks
-
     store = get_backend(backend)
-    tasks = {task.name: task.flight_options() for task in registered_debounced_tasks()}
+    tasks = registry.options()
     # Runs whose lease ran out by `now` go back to pending first (the messages the take
     # returns are not published: this function is the worker).
     store.take(tasks, 1_000_000, now=now)
@@ -35,7 +33,7 @@ def run_due(now: datetime | None = None, *, backend: str | None = None) -> int:
     for _pass in range(1000):
         ran = 0
         for task_name, key_hash in store.due_keys(now, list(tasks)):
-            task = get_debounced_task(task_name)
+            task = registry.get(task_name)
             decision = task.get_backend().fire(
                 key_hash, None, task_name=task.name, options=task.flight_options(), now=now
             )

@@ -17,7 +17,9 @@ from typing import Any
 
 from celery import bootsteps
 
-from django_debounce import conf
+from django_debounce import conf, runtable
+from django_debounce.keeper import LeaseKeeper
+from django_debounce.pump import Pump, stats
 
 logger = logging.getLogger("django_debounce")
 
@@ -45,15 +47,10 @@ class DebounceStep(bootsteps.StartStopStep):
         if pool_name(worker) in TERMINABLE_POOLS:
             # Before the pool forks (steps are created before any starts): every pool
             # process, replacements included, inherits the run table.
-            from django_debounce import runtable
-
             size = max(worker.concurrency or 0, getattr(worker, "max_concurrency", 0) or 0)
             runtable.install(max(64, 4 * size))
 
     def start(self, worker: Any) -> None:
-        from django_debounce.keeper import LeaseKeeper
-        from django_debounce.pump import Pump
-
         self._warn(worker)
         self.keeper = LeaseKeeper(pool=worker.pool)
         self.keeper.start()
@@ -100,8 +97,6 @@ def db_reuse_max(app: Any) -> Any:
 def worker_stats() -> dict[str, Any]:
     """What this worker's pump did (the ``debounce_stats`` remote
     control command answers with it; ``debounce_status --pumps`` asks every worker)."""
-    from django_debounce.pump import stats
-
     with stats.lock:
         return {
             "published": stats.published,

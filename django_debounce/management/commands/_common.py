@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from django.core.management.base import CommandError
 from django.db import DatabaseError, connections, router
 
+from django_debounce import registry
 from django_debounce.exceptions import UnknownTask
 from django_debounce.models import DebounceKey
 
@@ -71,10 +72,8 @@ def tables_in(alias: str) -> Iterator[None]:
 def check_task(task: str, recorded: Callable[[], set[str]], registered: set[str]) -> None:
     """Refuse a ``--task`` that is neither a registered debounced task here nor recorded in
     the database (``recorded()`` gives those names), with the likely ones."""
-    from django_debounce.tasks import get_debounced_task
-
     try:
-        get_debounced_task(task)
+        registry.get(task)
         return
     except UnknownTask:
         pass

@@ -8,7 +8,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
-from django_debounce.pump import Pump, registered_tasks, stats
+from django_debounce import registry
+from django_debounce.pump import Pump, stats
 
 
 class Command(BaseCommand):
@@ -24,7 +25,7 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        tasks = registered_tasks()
+        tasks = registry.all_tasks()
         if not tasks:
             self.stderr.write(
                 "No debounced task is registered in this process: import the Celery app "

@@ -7,11 +7,11 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from django_debounce import dbtime, durations
+from django_debounce import dbtime, durations, registry
 from django_debounce.management.commands._common import check_task, database_of, tables_in
 from django_debounce.models import DebounceKey, DebounceRun
 from django_debounce.observe import index_stats
-from django_debounce.recovery import cancel_unregistered, recover, registered_names
+from django_debounce.recovery import cancel_unregistered, recover
 
 
 class Command(BaseCommand):
@@ -77,7 +77,7 @@ class Command(BaseCommand):
             check_task(
                 task,
                 lambda: set(keys.values_list("task_name", flat=True).distinct()),
-                registered_names(),
+                registry.names(),
             )
             keys, runs = keys.filter(task_name=task), runs.filter(task_name=task)
         now = dbtime.now()
@@ -103,7 +103,7 @@ class Command(BaseCommand):
                     f"{', '.join(orphan_tasks)}"
                 )
         else:
-            orphans = keys.active().exclude(task_name__in=registered_names())
+            orphans = keys.active().exclude(task_name__in=registry.names())
             orphan_tasks = sorted(set(orphans.values_list("task_name", flat=True)))
             if orphan_tasks:
                 self.stdout.write(

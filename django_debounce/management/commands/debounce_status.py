@@ -7,7 +7,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from django_debounce import dbtime, display, live
+from django_debounce import dbtime, display, live, registry
 from django_debounce.management.commands._common import (
     MAX_LIMIT,
     check_task,
@@ -17,7 +17,7 @@ from django_debounce.management.commands._common import (
     tables_in,
 )
 from django_debounce.models import DebounceKey
-from django_debounce.recovery import registered_names
+from django_debounce.observe import index_stats
 
 
 class Command(BaseCommand):
@@ -73,7 +73,7 @@ class Command(BaseCommand):
                         .values_list("task_name", flat=True)
                         .distinct()
                     ),
-                    registered_names(),
+                    registry.names(),
                 )
             if options["index"]:
                 return self._index(options)
@@ -147,8 +147,6 @@ class Command(BaseCommand):
             )
 
     def _index(self, options: dict[str, Any]) -> None:
-        from django_debounce.observe import index_stats
-
         stats = index_stats()
         if options["task"]:
             stats = {k: v for k, v in stats.items() if k == options["task"]}
