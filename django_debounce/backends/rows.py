@@ -84,6 +84,9 @@ UPSERT_DUE = (
     f"INSERT INTO {DUE} ({q('key_hash')}, {q('task_name')}, {q('due_at')}) VALUES (%s, %s, %s) "
     f"ON CONFLICT ({q('key_hash')}) DO UPDATE SET {q('due_at')} = EXCLUDED.{q('due_at')}"
 )
+LOCK_WITH_CLOCK = (
+    "WITH k AS ({}) SELECT k.*, clock_timestamp() FROM (SELECT 1) AS one LEFT JOIN k ON TRUE"
+)
 DELETE_DUE = f"DELETE FROM {DUE} WHERE {q('key_hash')} = %s"
 # a new row: these columns, then every other column with a default, at its default
 NEW_COLUMNS = ["key_hash", "key", "task_name", "overlap", "created_at", "updated_at"]
@@ -214,14 +217,10 @@ class Rows:
     def _us(value: Any) -> int | None:
         return to_us(from_db(value))
 
-    def _select(
-        self, where: str, *, lock: bool, skip_locked: bool = False, clock: bool = False
-    ) -> str:
-        """The text of a read of whole records (``where`` on the key table ``k``), with the
-        database's clock last when ``clock``."""
-        now = ", clock_timestamp()" if clock else ""
+    def _select(self, where: str, *, lock: bool, skip_locked: bool = False) -> str:
+        """The text of a read of whole records (``where`` on the key table ``k``)."""
         text = (
-            f"SELECT {', '.join('k.' + q(c) for c in COLUMNS)}, d.{q('due_at')}{now} FROM {KEY} k "
+            f"SELECT {', '.join('k.' + q(c) for c in COLUMNS)}, d.{q('due_at')} FROM {KEY} k "
             f"LEFT JOIN {DUE} d ON d.{q('key_hash')} = k.{q('key_hash')} WHERE {where}"
         )
         if lock and self.pg:
@@ -240,6 +239,8 @@ class Rows:
         for row in rows:
             if clock:
                 at, row = self._us(row[-1]), row[:-1]
+                if row[0] is None:
+                    continue  # no row for the key: the clock alone
             values = dict(zip(COLUMNS, row, strict=False))
             values["entry"] = row[-1]
             cfg = cfgs if isinstance(cfgs, Config) or cfgs is None else cfgs.get(row[3])
@@ -297,13 +298,12 @@ class Rows:
         if now is not None or not self.pg:
             at = self.clock(now)
             return self.lock(key_hash, cfg), at
+        # one row, whether the key has one or not: the clock is read after the lock is held
         self.read_at = time.monotonic()
-        text = self._select(f"k.{q('key_hash')} = %s", lock=True, clock=True)
+        text = LOCK_WITH_CLOCK.format(self._select(f"k.{q('key_hash')} = %s", lock=True))
         got, read = self._fetch(text, [key_hash], cfg, clock=True)
-        if not got:
-            return None, self.clock(None)
         assert read is not None
-        return got[0], read
+        return (got[0] if got else None), read
 
     def lock_many(
         self, key_hashes: list[str], cfgs: dict[str, Config], *, skip_locked: bool = False
