@@ -80,6 +80,47 @@ class RedisServer:
             self.proc.wait(timeout=10)
 
 
+class RedisCluster:
+    """A 3-master Redis Cluster (no replicas), non-persistent, on free loopback ports, made as
+    ``scripts/services.py`` makes the test suite's (``redis-cli --cluster create``)."""
+
+    def __init__(self, directory: Path) -> None:
+        self.svc: Any = _services()
+        self.directory = directory / "cluster"
+        ports = self.svc.Ports()
+        self.nodes = [ports.cluster_node() for _ in range(self.svc.CLUSTER_NODES)]
+        self.ports = [port for port, _bus in self.nodes]
+        self.started = False
+
+    @property
+    def startup_nodes(self) -> list[str]:
+        return [f"127.0.0.1:{port}" for port in self.ports]
+
+    def start(self) -> None:
+        self.directory.mkdir()
+        self.started = True
+        try:
+            self.svc.start_cluster(str(self.directory), self.ports, [b for _p, b in self.nodes])
+        except self.svc.ServiceError as exc:
+            raise BenchError(f"the Redis Cluster did not start: {exc}") from None
+
+    def pids(self) -> list[int]:
+        out = []
+        for port in self.ports:
+            try:
+                out.append(int((self.directory / f"cluster-{port}" / "redis.pid").read_text()))
+            except (OSError, ValueError):
+                pass
+        return out
+
+    def stop(self) -> None:
+        if not self.started:
+            return
+        for port in self.ports:
+            self.svc.stop_redis(str(self.directory / f"cluster-{port}" / "redis.pid"), port)
+        self.started = False
+
+
 def _children(pid: int) -> list[int]:
     try:
         text = Path(f"/proc/{pid}/task/{pid}/children").read_text()

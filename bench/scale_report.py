@@ -86,9 +86,12 @@ def markdown(doc: dict[str, Any]) -> str:
     ]
     for f in doc["figures"]:
         met = {True: "met", False: "**NOT met**", None: "-"}[f["met"]]
+        target = f["target"] or "-"
+        if f.get("note"):
+            target += f" ({f['note']})"
         lines.append(
             f"| {f['name']} | {_fmt(f['value'])} | {f['unit']} | {_fmt(f['baseline'])} | "
-            f"{f['baseline_is']} | {f['target'] or '-'} | {met} |"
+            f"{f['baseline_is']} | {target} | {met} |"
         )
     lines += ["", "### Probe (trigger every 2 s, during and after the fill)", ""]
     lines += [
@@ -154,26 +157,63 @@ def markdown(doc: dict[str, Any]) -> str:
     lines += ["", "### Backlog (flights due while no worker ran, then one started)", ""]
     lines += [
         "| store | flights | messages | per flight | drain runs/s | worker start → first run s |"
-        " runs after the last | worker CPU µs/run (by thread) |",
-        "|---|---|---|---|---|---|---|---|",
+        " runs after the last | queue depth max | worker CPU µs/run (by thread) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for store, b in d["backlog"].items():
         lines.append(
             f"| {store} | {b['flights']:,} | {b['messages_published']:,} | "
             f"{b['messages_per_flight']} | {_fmt(b['runs_per_second'])} | "
             f"{b['worker_start_to_first_run_seconds']} | {b['runs_after_the_last']} | "
+            f"{b.get('queue', {}).get('max_depth', '-')} | "
             + ", ".join(f"{k} {_fmt(v)}" for k, v in b["worker_cpu_us_per_run"].items() if v)
             + " |"
         )
-    lines += ["", "### Idle workers and the recovery pass", ""]
+    r = d.get("restart")
+    if r:
+        lines += ["", "### Redis restarted empty with flights pending", ""]
+        lines.append(
+            f"{r['flights']:,} flights of `wait={r['wait_s']:g}` on the Redis store "
+            f"({r['triggered_twice']:,} of them triggered twice, the second trigger merged in "
+            f"their counter; {r['counters_in_redis_before_restart']:,} keys in Redis), made in "
+            f"{r['fill_seconds']} s with a worker (`--concurrency 1`) running; the store's "
+            f"Redis killed and started again empty {r['restarted_before_first_due_s']} s before "
+            f"the first came due. Runs: {r['runs']:,} of {r['distinct_keys_run']:,} keys "
+            f"(never ran: {r['never_ran']}, ran twice: {r['ran_twice']}); start after the last "
+            f"trigger + wait: p50 {r['lateness_after_wait_p50_s']} s, p99 "
+            f"{r['lateness_after_wait_p99_s']} s, max {r['lateness_after_wait_max_s']} s "
+            f"(bound {r['bound_s']} s = 1.2 x {r['flights']:,} / {r['drain_rate_runs_per_second']}"
+            f" runs/s); drained at {r['drain_runs_per_second']} runs/s, the last run "
+            f"{r['last_run_after_restart_s']} s after the restart; broker queue depth max "
+            f"{r['queue']['max_depth']}."
+        )
+    c = d.get("cluster")
+    if c:
+        lines += ["", "### Redis Cluster (3 masters), one idle worker", ""]
+        lines += ["| node | counters | commands in the window | per pump tick | by command |"]
+        lines += ["|---|---|---|---|---|"]
+        for node, v in c["nodes"].items():
+            by = ", ".join(f"{k} {n}" for k, n in sorted(v["by_command"].items())) or "-"
+            lines.append(
+                f"| {node} | {v['counters']:,} | {v['commands']} | {v['commands_per_tick']} "
+                f"| {by} |"
+            )
+        lines.append(
+            f"\n{c['seconds']} s, at most {c['ticks_at_most']} pump ticks; SQL statements per "
+            f"second: {c['sql_statements_per_second']}."
+        )
+    lines += ["", "### Idle workers and the pump tick", ""]
     lines += [
         "| | Redis commands/s/worker | by command (total) | SQL/s/worker | "
         "new PG sessions/s/worker (by thread, total) |"
     ]
     lines += ["|---|---|---|---|---|"]
-    for key, label in (("idle_1k", "1 worker, 1,000 keys"), ("idle_1", "1 worker, full scale"),
-                       ("idle_3", "3 workers, full scale")):  # fmt: skip
-        i = d[key]
+    idle_rows = [("idle_1k", "1 worker, 1,000 keys"), ("idle_1", "1 worker, full scale"),
+                 ("idle_3", "3 workers, full scale")]  # fmt: skip
+    for n in d.get("idle_by_tasks", {}):
+        idle_rows.append((n, f"1 worker, {n} registered debounced task(s)"))
+    for key, label in idle_rows:
+        i = d[key] if key in d else d["idle_by_tasks"][key]
         by = ", ".join(f"{k} {v}" for k, v in sorted(i["redis_by_command"].items()))
         lines.append(
             f"| {label} | {i['redis_commands_per_worker_per_second']} | {by} | "
@@ -181,10 +221,11 @@ def markdown(doc: dict[str, Any]) -> str:
             f"{i['pg_sessions_per_worker_per_second']} "
             f"({', '.join(f'{k} {v}' for k, v in i.get('pg_sessions_by_thread', {}).items())}) |"
         )
-    for key, label in (("recovery_1k", "1,000 keys"), ("recovery_full", "full scale")):
+    for key, label in (("pump_1k", "1,000 keys"), ("pump_full", "full scale")):
         r = d[key]
         lines.append(
-            f"\nRecovery pass at {label}: median {r['median_ms']} ms (min {r.get('min_ms')}, "
+            f"\nPump tick (`Pump().tick()`, {r.get('tasks')} tasks, nothing due) at {label}: "
+            f"median {r['median_ms']} ms (min {r.get('min_ms')}, "
             f"p90 {r['p90_ms']}, max {r['max_ms']}) over {r['ticks']} ticks, of which this "
             f"thread's CPU {r.get('cpu_median_ms')} ms (median); {r['redis_commands_per_tick']} "
             f"Redis commands and {r['sql_statements_per_tick']} SQL statements per tick, "
@@ -195,11 +236,12 @@ def markdown(doc: dict[str, Any]) -> str:
         "",
         "### Sizes",
         "",
-        f"A pending `debounced_task` key's hash: `{json.dumps(sr['sample_hash'])}`; "
-        f"{sr['hashes_sampled']} sampled hashes, mean {sr['hash_bytes_mean']} bytes; its due "
-        f"index: {sr['index_entries']:,} entries, {sr['index_bytes_per_entry']} bytes each. "
-        f"Receiver key made by a save: `{json.dumps(d['sizes_receiver_saved']['sample_hash'])}`; "
-        f"made by trigger_many: `{json.dumps(d['sizes_receiver']['sample_hash'])}`.",
+        f"A pending `debounced_task` key's counter: `{json.dumps(sr['sample_counter'])}` "
+        f"(TTL {sr.get('sample_ttl_s')} s); {sr['counters_sampled']} of {sr['keys_sampled']} "
+        f"sampled keys had one, mean {sr['counter_bytes_mean']} bytes, max "
+        f"{sr['counter_bytes_max']}; the due index is in the database. Receiver key made by a "
+        f"save: `{json.dumps(d['sizes_receiver_saved']['sample_counter'])}`; made by "
+        f"trigger_many: `{json.dumps(d['sizes_receiver']['sample_counter'])}`.",
         "",
         f"Worker memory before the fill: {d['worker_memory_before']}; after: "
         f"{d['worker_memory_after']} (KiB). Broker at the end of the fill: {d['outstanding']}.",
@@ -208,10 +250,14 @@ def markdown(doc: dict[str, Any]) -> str:
     if prof:
         lines += ["", "### Profiles (cProfile in the benchmark process: read the shares)", ""]
         lines.append(
-            "The recorder writing 500 runs' claim and finish records (`recorder.apply`, "
-            f"unprofiled): {prof['recorder_apply_500_runs_unprofiled_ms']} ms; one set-based "
-            "`UPDATE ... FROM unnest(...)` of the same 17 columns of the same 500 rows: "
-            f"{prof.get('one_set_based_update_of_the_same_500_rows_ms', '-')} ms."
+            "A run's store work in-process (`task.fire(key_hash, None, in_worker=False)`: the "
+            "claim, the empty body, the finish), unprofiled: "
+            + ", ".join(
+                f"{k.split('_')[1]} store {v} µs per run"
+                for k, v in prof.items()
+                if k.endswith("_unprofiled_us_per_run")
+            )
+            + "."
         )
         for name, p in prof.items():
             if not isinstance(p, dict):
