@@ -46,8 +46,8 @@ class DatabaseBackend(BaseBackend):
 
     def rows(self) -> Rows:
         """The records, with the dispatch grace and the pump interval of the settings."""
-        retake = int(round(float(conf.get("DISPATCH_GRACE")) * US))
-        direct = int(round(float(conf.get("PUMP_INTERVAL")) * US))
+        retake = int(round(conf.seconds_of("DISPATCH_GRACE") * US))
+        direct = int(round(conf.seconds_of("PUMP_INTERVAL") * US))
         return Rows(self.alias, retake, direct)
 
     # -- hooks of the Redis store (counters over these rows) -----------------------------------

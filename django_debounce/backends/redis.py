@@ -129,7 +129,7 @@ class RedisBackend(DatabaseBackend):
 
     def grace(self) -> int:
         """Microseconds a counter outlives its flight's due time."""
-        return int(round(GRACE_INTERVALS * float(conf.get("PUMP_INTERVAL")) * US))
+        return int(round(GRACE_INTERVALS * conf.seconds_of("PUMP_INTERVAL") * US))
 
     # Seconds a failure of Redis sends triggers straight to the row path (no merge tried, no
     # counter made), so a Redis that hangs costs one socket timeout, not one per trigger.

@@ -422,8 +422,9 @@ class Rows:
             DebounceRun.objects.using(self.alias).bulk_create(record.new_runs)
         finished = to_dt(now)
         for run_id, outcome, error in record.ended:
+            # a run's outcome is written once: a late finish of a run already lost keeps "lost"
             DebounceRun.objects.using(self.alias).filter(
-                debounce_key_id=record.pk, run_id=run_id
+                debounce_key_id=record.pk, run_id=run_id, outcome="running"
             ).update(outcome=outcome, finished_at=finished, error=error)
         record.new_runs, record.ended = [], []
         record.entry = k.entry
