@@ -10,7 +10,6 @@ waits happen in the store's due index.
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from dataclasses import dataclass
@@ -77,16 +76,8 @@ def message_of(dispatch: Dispatch) -> dict[str, Any]:
 
 def label_of(task: Task, dispatch: Dispatch) -> str:
     """What Flower and ``celery events`` show of ``dispatch``'s key: the readable key, at most
-    ``LABEL`` characters (cut with ``…``); built from ``label_payload`` when the store kept
-    no whole key (as a run builds it, ``key_of_payload``); the key hash's start when neither
-    says more."""
-    label = dispatch.label
-    if dispatch.label_payload is not None:
-        try:
-            label = task.key_of_payload(json.loads(dispatch.label_payload))  # type: ignore[attr-defined]
-        except Exception:  # a key= that fails now: the message goes out all the same
-            logger.debug("django_debounce: no readable key for %s", task.name, exc_info=True)
-    label = label or dispatch.key_hash[:12]
+    ``LABEL`` characters (cut with ``…``); the key hash's start when there is none."""
+    label = dispatch.label or dispatch.key_hash[:12]
     if len(label) > LABEL:
         label = label[: LABEL - 1] + "…"
     return label

@@ -51,11 +51,8 @@ class Dispatch:
 
     ``seq`` fences it (only the current sequence may claim); ``store`` names the store that
     issued it (``"d"`` database, ``"r"`` redis); ``task_name`` is set by the pump's ``take``
-    (other steps publish for the task at hand); ``label`` is what monitoring shows of the key
-    (``kwargsrepr``; the key hash's start when the store does not know it);
-    ``label_payload``: the stored payload's JSON (collect: a list of the first item) when the
-    store does not keep the whole readable key (the Redis store keeps a short one), from which
-    ``dispatch.label_of`` builds it.
+    (other steps publish for the task at hand); ``label`` is the readable key, which
+    monitoring shows (``kwargsrepr``, cut by ``dispatch.label_of``).
     """
 
     key_hash: str
@@ -63,8 +60,7 @@ class Dispatch:
     countdown: float = 0.0
     store: str = "d"
     task_name: str = ""
-    label: str = ""  # the readable key (or a part of it), shown by Flower and `celery events`
-    label_payload: str | None = None
+    label: str = ""  # the readable key, shown by Flower and `celery events`
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,6 @@ from django.db import router
 from django_debounce import conf
 from django_debounce.backends.base import BaseBackend, LiveRun, Taken
 from django_debounce.backends.rows import Record, Rows, config, to_dt, to_us
-from django_debounce.dispatch import LABEL
 from django_debounce.machine import US, Msg
 from django_debounce.models import DebounceDue, DebounceKey, DebounceRun
 from django_debounce.state import (
@@ -64,11 +63,13 @@ class DatabaseBackend(BaseBackend):
     def _dispatch(self, record: Record, msg: Msg | None) -> Dispatch | None:
         if msg is None:
             return None
-        label = record.key_text
-        if len(label) > LABEL:
-            label = label[: LABEL - 1] + "…"
         return Dispatch(
-            record.key_hash, msg.seq, msg.countdown / US, self.store, record.task_name, label
+            record.key_hash,
+            msg.seq,
+            msg.countdown / US,
+            self.store,
+            record.task_name,
+            record.key_text,
         )
 
     def _apply_trigger(
