@@ -90,4 +90,21 @@ def on_run_started(sender: Any, **kwargs: Any) -> None:
 
 @receiver(run_finished, dispatch_uid="testapp.observed.run_finished")
 def on_run_finished(sender: Any, **kwargs: Any) -> None:
+    if getattr(sender, "name", "") == "testapp.observed":
+        # what the records say when the run's finish is reported (the store's finish came
+        # just before, in the same process): the run's outcome and its key's state
+        from django_debounce.models import DebounceKey, DebounceRun
+
+        run = DebounceRun.objects.filter(
+            task_name=sender.name, run_id=kwargs.get("run_id"), debounce_key__key=kwargs["key"]
+        ).first()
+        key = DebounceKey.objects.filter(task_name=sender.name, key=kwargs["key"]).first()
+        RunLog.objects.create(
+            task="records-at-finish",
+            tag=sender.name,
+            key=kwargs["key"],
+            payload={"run": run.outcome if run else None, "key": key.state if key else None},
+            pid=os.getpid(),
+            started=time.time(),
+        )
     _record("run_finished", sender, kwargs)

@@ -271,6 +271,20 @@ def test_worker_sends_run_signals_with_the_documented_arguments(worker, unique_t
 
 
 @pytest.mark.worker
+def test_a_runs_outcome_is_recorded_before_its_finish_is_reported(worker, unique_tag):
+    """The records never lag a run (issue 22): by the time the worker reports the run
+    finished (``run_finished``, sent right after the store's finish in the same process), its
+    ``DebounceRun`` row holds the outcome and its key row shows it idle, on either store."""
+    key = observed.trigger(unique_tag).key
+    seen = wait_for(
+        lambda: RunLog.objects.filter(task="records-at-finish", key=key).first(),
+        timeout=30,
+        message="run_finished from the worker",
+    )
+    assert seen.payload == {"run": "success", "key": "idle"}
+
+
+@pytest.mark.worker
 def test_worker_run_finished_reports_a_failure(worker, unique_tag):
     result = observed_fail.trigger(unique_tag)
     row = wait_for(
