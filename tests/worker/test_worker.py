@@ -8,6 +8,7 @@ in the index."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -17,9 +18,8 @@ import time
 import pytest
 from django.test import override_settings
 
-from django_debounce import trigger_many
 from django_debounce.backends import get_backend
-from django_debounce.keys import key_hash
+from django_debounce.keys import dumps, key_hash
 from django_debounce.models import DebounceKey, DebounceRun
 from tests.celery_app import app
 from tests.support.helpers import ROOT, stays, wait_for
@@ -262,10 +262,18 @@ def _parent(pid: int) -> int | None:
 def test_a_worker_with_100000_pending_keys_starts_consuming_at_once(alone, unique_tag):
     """The pump looks at what is due, not at every pending key: a worker started with
     100,000 flights waiting in the index runs a new key's flight within seconds."""
+    # filled through the store with an hour's wait, so none is due however long filling
+    # takes (each opens a flight: one row and one index entry per key)
+    items = []
+    for i in range(100_000):
+        key = record_slow.resolve((f"{unique_tag}-{i}",), {})[0]
+        items.append((key, key_hash(record_slow.name, key), dumps([f"{unique_tag}-{i}"])))
+    hour = dataclasses.replace(record_slow.flight_options(), wait=3600.0)
     started = time.monotonic()
-    results = trigger_many(record_slow, [f"{unique_tag}-{i}" for i in range(100_000)])
+    results = get_backend().trigger_many(task_name=record_slow.name, items=items, options=hour)
     filled = time.monotonic() - started
-    assert len(results) == 100_000 and all(r.pending == 1 for r in results)
+    print(f"\n100,000 new keys filled in {filled:.1f} s")
+    assert len(results) == 100_000 and all(r.pending == 1 for r, _d in results)
     stats = get_backend().index_stats([record_slow.name])[record_slow.name]
     assert stats.depth == 100_000 and stats.due == 0
     worker = Worker(concurrency=2, name="busy-index")
