@@ -52,7 +52,7 @@ VALUES = [1, 2, 10, "a"]
 STEPS = [1, 1000, US // 4, US // 2, US, 2 * US, 4 * US, 6 * US, 11 * US]
 OWN = [None, None, (0, None), (US // 4, 3 * US // 4), (3 * US, 4 * US), (US // 4, None)]
 
-EXAMPLES = int(os.environ.get("DEBOUNCE_RULES_EXAMPLES", "400"))
+EXAMPLES = int(os.environ.get("DEBOUNCE_RULES_EXAMPLES", "200"))
 SETTINGS = settings(
     max_examples=EXAMPLES,
     stateful_step_count=int(os.environ.get("DEBOUNCE_RULES_STEPS", "40")),
