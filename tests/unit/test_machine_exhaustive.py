@@ -72,7 +72,7 @@ if os.environ.get("DEBOUNCE_RULES_DEPTH"):
 
 # everything left is run from every distinct state, and from one in LEAF_DRAIN of the last
 # depth's (the tier's minute)
-LEAF_DRAIN = 4
+LEAF_DRAIN = 8
 
 Step = Callable[[KeyLedger], bool]  # applies itself; False: not applicable here
 
@@ -168,7 +168,7 @@ def rollback(k: KeyLedger) -> bool:
     before = k.canonical()
     for step in ROLLED_BACK:
         step(k.clone())
-        assert k.canonical() == before, "a discarded step changed the state it was copied from"
+    assert k.canonical() == before, "a discarded step changed the state it was copied from"
     return False  # the state is the one before: nothing new to visit
 
 
