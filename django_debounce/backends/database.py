@@ -303,6 +303,9 @@ class DatabaseBackend(BaseBackend):
             record, at = rows.lock_at(key_hash, config(options), now)
             if record is None:
                 return None
+            # a retried, given-up or lost run's triggers rejoin the open flight and may bound it
+            # earlier: a counter made before must not merge into it any more (fence 5)
+            self.settle(rows, [record], at, mode="trigger")
             k = record.key
             started = to_us(end.started_at) if end.started_at is not None else None
             # the finish of another run with this id (a key purged and made again) changes

@@ -28,7 +28,7 @@ from django_debounce.backends import get_backend
 from django_debounce.backends.redis import RedisBackend, fingerprint, key_id
 from django_debounce.checks import check_backend
 from django_debounce.keys import dumps, key_hash
-from django_debounce.models import DebounceKey, DebounceRun
+from django_debounce.models import DebounceDue, DebounceKey, DebounceRun
 from django_debounce.state import FireAction, FlightOptions
 from tests.support.procs import trigger_from_processes
 from tests.support.servers import RedisServer
@@ -209,29 +209,64 @@ def test_another_payload_or_a_per_call_wait_takes_the_row_path(backend, unique_t
     assert backend.counted([h]) == {}
 
 
-def test_a_sealed_counter_refuses_merges_and_the_next_trigger_opens_another(backend, unique_tag):
-    h = hashed(record_slow, unique_tag)
+def test_a_finish_seals_the_counter_its_retried_triggers_rejoin(backend, unique_tag):
+    """Fence 5: a retried run's triggers rejoin the open flight with their earlier anchor, so
+    a trigger with a small max_wait of its own may bound the flight earlier than a counter
+    made before knows. The finish seals that counter: the next trigger takes the row path,
+    which moves the due time (and the index entry) earlier (found by the unit tier's search,
+    tests/unit/test_machine_exhaustive.py)."""
+    h = hashed(record_slow, unique_tag)  # wait 60 s
     opts = record_slow.flight_options()
+    own = dataclasses.replace(opts, max_wait=90.0)
+    t0 = timezone.now()
+    trig(backend, record_slow, unique_tag, t0)
+    claim = backend.fire(
+        h, None, task_name=record_slow.name, options=opts, now=t0 + timedelta(seconds=60)
+    ).claim
+    assert claim is not None
+    at = t0 + timedelta(seconds=61)
+    trig(backend, record_slow, unique_tag, at, options=own)  # opens flight 2 and its counter
+    assert counter(backend, h)["f"] == fingerprint(dumps([unique_tag]), own)
+    from django_debounce.state import Finish
+
+    backend.finish(
+        h,
+        claim.run_id,
+        Finish(ok=False, retry_in=1.0, started_at=claim.started_at),
+        task_name=record_slow.name,
+        options=opts,
+        now=at,
+    )
+    assert counter(backend, h).get("s") == "1"  # sealed by the finish
+    trig(backend, record_slow, unique_tag, at, options=own)  # the row path, not the counter
+    row = row_values(h)
+    assert row["pending"] == 3
+    # the rejoined trigger's anchor (t0) bounds the flight at t0 + 90 s, before at + 60 s
+    assert row["due_at"] == t0 + timedelta(seconds=90)
+    entry = DebounceDue.objects.get(key_hash=h).due_at
+    assert entry <= row["due_at"]
+
+
+def test_a_sealed_counter_refuses_merges_and_the_next_trigger_opens_another(backend, unique_tag):
+    h = hashed(record_slow, unique_tag)  # wait 60 s
     t0 = timezone.now()
     trig(backend, record_slow, unique_tag, t0)
     trig(backend, record_slow, unique_tag, t0 + timedelta(seconds=1))  # merged
     sealed_id = row_values(h)["counter_id"]
-    # a flush needs the whole flight: it seals the counter and folds its trigger
-    dispatch = backend.flush(
-        h, task_name=record_slow.name, options=opts, now=t0 + timedelta(seconds=2)
-    )
-    assert dispatch is not None
+    # the pump's take at the row's due time needs the whole flight: it seals the counter and
+    # folds its trigger (the flight is then due at t0 + 61 s: nothing goes out)
+    assert take(backend, record_slow, t0 + timedelta(seconds=60)).dispatches == []
     row = row_values(h)
     assert (row["pending"], row["counter_until"]) == (2, None)
     assert counter(backend, h) | {"x": ""} == {"i": str(sealed_id), "s": "1", "x": ""}
     # the sealed counter absorbs nothing: the trigger takes the row path, opening a new one
-    trig(backend, record_slow, unique_tag, t0 + timedelta(seconds=3))
+    trig(backend, record_slow, unique_tag, t0 + timedelta(seconds=60.5))
     row = row_values(h)
     assert row["pending"] == 3
     assert row["counter_id"] > sealed_id
     made = counter(backend, h)
     assert (int(made["i"]), made["n"], made.get("s")) == (row["counter_id"], "0", None)
-    trig(backend, record_slow, unique_tag, t0 + timedelta(seconds=4))
+    trig(backend, record_slow, unique_tag, t0 + timedelta(seconds=61))
     assert backend.counted([h]) == {h: 1}
 
 

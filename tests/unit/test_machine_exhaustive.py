@@ -238,24 +238,24 @@ def test_every_short_sequence_keeps_the_invariants(name: str) -> None:
     assert all(per_depth), f"a depth found nothing new: {per_depth}"
 
 
-def test_a_counter_absorbs_only_what_the_row_would_merge() -> None:
+def test_a_finish_must_seal_the_counter_its_rejoined_triggers_bound() -> None:
     """Fence 5 (docs/design.md, "The counter and its fences"): a counter absorbs only
     triggers with the fingerprint (payload, wait, max_wait) of the row-path trigger that made
     it, because such a trigger is a plain merge: it moves the due time no earlier, so the
     fold leaves the index entry where it is. A retry (or a lost run) whose triggers rejoin
     the flight after the counter was made gives the flight the run's earlier anchor, and the
-    same max_wait then bounds the flight earlier: the row path would publish the flight at
-    the earlier time, while the counter absorbs the trigger and its fold moves the due time
-    earlier than the entry, so the flight runs late (found by the search above at depth 6).
+    same max_wait then bounds the flight earlier: a fold there would move the due time
+    earlier than the entry, and the flight would run late (found by the search above at
+    depth 6). So a finish seals the counter (``DatabaseBackend.finish``; the store's test is
+    tests/stores/test_counters.py::test_a_finish_seals_the_counter_its_retried_triggers_rejoin)
+    and the next trigger takes the row path, which this test shows right.
 
     The sequence (U = 1 ms; task wait 2U, max_wait 5U, no overlap):
     t=0 trigger (flight 1, due 2U, anchor 0); the clock to 2U; the pump takes it and worker
     A claims run 1; at 2U a trigger with its own max_wait 3U opens flight 2 on the row path
     (anchor 2U, bound 5U, due 4U) and the counter is made with its fingerprint; at 2U run 1
     fails with a retry in U: its trigger rejoins flight 2 (anchor 0, bound 5U, due 4U, entry
-    4U); at 2U a trigger with the counter's fingerprint: the row path would bound it by
-    anchor 0 + 3U = 3U (due 3U, published at once with a countdown of U); the counter
-    absorbs it, and the fold sets the due time to 3U with the entry left at 4U.
+    4U); at 2U a trigger with the counter's fingerprint.
     """
     cfg = CONFIGS["debounce"]
     key = KeyModel(cfg, retake=2 * U, direct=U)
@@ -272,13 +272,15 @@ def test_a_counter_absorbs_only_what_the_row_would_merge() -> None:
     key.finish(t + 2 * U, claim.run_id, ok=False, retry_in=U)
     assert (key.pending, key.anchor, key.due, key.entry) == (2, t, t + 4 * U, t + 4 * U)
 
-    row = copy.deepcopy(key)
-    out, row_msg = row.trigger(t + 2 * U, payload, *own)
+    # a fold there (had the finish not sealed the counter) would leave the entry late
     counter = copy.deepcopy(key)
     counter.fold(1, t + 2 * U, *own)
     assert counter.entry is not None and counter.due is not None
-    assert counter.entry <= counter.due, (
-        f"fence 5: the fold moved the due time to {counter.due - t} us, earlier than the "
-        f"entry at {counter.entry - t} us (the row path: merged={out.merged}, due "
-        f"{row.due - t if row.due is not None else None} us, message {row_msg})"
-    )
+    assert counter.entry > counter.due
+    # the row path, which the sealed counter sends the trigger to, publishes the flight for
+    # its earlier due time at once (its entry becomes the message's retake time)
+    out, row_msg = key.trigger(t + 2 * U, payload, *own)
+    assert not out.merged
+    assert key.due == t + 3 * U
+    assert row_msg is not None and row_msg.countdown == U
+    assert key.taken and key.taken_at == t + 3 * U
