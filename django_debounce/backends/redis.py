@@ -265,6 +265,7 @@ class RedisBackend(DatabaseBackend):
                 x,
                 k.flight_id,
                 k.pending,
+                "" if rows.now_given is None else str(now),  # a caller's clock, as merge had
             )
 
     def after_commit(self, records: Sequence[Record]) -> None:
@@ -272,7 +273,7 @@ class RedisBackend(DatabaseBackend):
         todo = [(r.key_hash, r.extra.pop("open")) for r in records if "open" in r.extra]
         if not todo or self.backing_off():
             return
-        calls = [(self.counter_key(h), [*opening, ""]) for h, opening in todo]
+        calls = [(self.counter_key(h), list(opening)) for h, opening in todo]
         self._calls("open", calls)
 
     # -- the fence of every other step ---------------------------------------------------------
