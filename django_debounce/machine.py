@@ -22,8 +22,12 @@ early one to the right time without publishing anything.
 
 Messages: ``take`` (the pump) publishes one message per due flight with a fresh sequence
 number and marks it taken; a flight due within ``direct`` of the step that makes it due (a
-leading edge, ``wait=0``, a flush, a follow-up) is marked taken by that step and published by
+leading edge, ``wait=0``, a follow-up) is marked taken by that step and published by
 its caller straight away with a short countdown, so no message waits long in the broker. A
+flush claims its flight itself (a run not started yet, ``run_started`` false) and answers the
+message that only starts that run: ``fire`` with its sequence (``run_seq``) starts it, a
+duplicate finds it started, and a message not there within ``retake`` (or refused: its
+``release``) finds it gone back to pending (``returned``, no attempt counted) and is dropped. A
 taken flight whose message is not claimed within ``retake`` is taken again with the **same**
 sequence number (a message that is only slow in a busy queue is then one duplicate, dropped
 on arrival, never a second run). ``release`` puts a flight whose message could not be
@@ -33,8 +37,8 @@ Sequence numbers are ``max(seq + 1, now)``: time-based, so a key whose state was
 (idle keys leave Redis) and created again issues numbers above every earlier one (I5).
 
 A live run whose lease ran out (``running_until <= now``) is lost at the start of every
-operation but ``heartbeat``, ``flush`` and ``cancel``; its run id is appended to ``events`` so
-the test's ledger can follow it.
+operation but ``heartbeat``, ``extend``, ``cancel`` and ``release``; its run id is appended to
+``events`` so the test's ledger can follow it.
 
 Edges are lodash's (``debounce``/``throttle``, lodash 4.17.21): a leading edge when the key's
 last trigger is ``wait`` or more ago, or its last run's claim ``max_wait`` or more ago;
@@ -144,6 +148,7 @@ class FireOut:
     action: str  # "drop", "rearm", "wait", "claim", "missing" (no state for the key)
     dispatch: Msg | None = None
     claim: ClaimOut | None = None
+    flushed: bool = False  # the claim started a run a flush claimed (its run row exists)
 
 
 @dataclass
@@ -177,6 +182,11 @@ class KeyModel:
     run_bound: int | None = None
     run_attempted: int = 0
     run_attempt: int = 0
+    run_flight: int = 0  # the flight the live run claimed
+    run_last: int | None = None  # its last trigger
+    run_due: int | None = None  # its due time
+    # False: a flush claimed the live run and its message has not started it yet (``fire``)
+    run_started: bool = True
     attempt: int = 0
     attempted: int = 0  # triggers of the open flight that an attempt (a lost or failed run) covered
     not_before: int | None = None
@@ -186,8 +196,10 @@ class KeyModel:
     runs: int = 0
     merged: int = 0
     cancelled: int = 0
-    # not part of the contract's state: run ids lost since the caller last looked
+    # not part of the contract's state: run ids lost since the caller last looked, and run
+    # ids a flush claimed that went back to pending before their message started them
     events: list[int] = field(default_factory=list)
+    returned: list[int] = field(default_factory=list)
 
     # -- helpers --------------------------------------------------------------------------
 
@@ -237,17 +249,31 @@ class KeyModel:
         self.run_bound = None
         self.run_attempted = 0
         self.run_attempt = 0
+        self.run_flight = 0
+        self.run_last = None
+        self.run_due = None
+        self.run_started = True
 
     def _unclaim(self, now: int) -> None:
         claimed = self.run_triggers
         self.runs = max(self.runs - 1, 0)
         self.merged = max(self.merged - max(claimed - 1, 0), 0)
         size = self._run_size()
+        started, attempted = self.run_started, self.run_attempted
         self._rejoin(now, claimed, self.run_payload)
-        # every claimed trigger (collect: item) was attempted now (the run failed or was lost)
-        self.attempted += size
+        # every claimed trigger (collect: item) was attempted now (the run failed or was
+        # lost); a run that never started attempted none: only what it took stays attempted
+        self.attempted += size if started else attempted
         self.attempt = max(self.attempt, self.run_attempt)
         self._end_run()
+
+    def _return_unstarted(self, now: int) -> None:
+        """The live run a flush claimed goes back to pending before its message started it
+        (its message was refused, came too late, or a claim with ``overlap=True`` takes its
+        triggers): as a lost run's, but no attempt is counted."""
+        run_id = self.run_id
+        self._unclaim(now)
+        self.returned.append(run_id)
 
     def _rejoin(self, now: int, claimed: int, run_payload: Any) -> None:
         """``claimed`` triggers of the live run go back to pending with ``run_payload``: as the
@@ -279,6 +305,10 @@ class KeyModel:
     def _recover_lease(self, now: int) -> bool:
         if self.running_until is None or self.running_until > now:
             return False
+        if not self.run_started:
+            # a flushed run whose message did not start it within ``retake``
+            self._return_unstarted(now)
+            return True
         lost = self.run_id
         attempt = self.run_attempt
         self._unclaim(now)
@@ -474,7 +504,16 @@ class KeyModel:
     def release(self, now: int, seq: int) -> bool:
         """The message ``seq`` could not be published: the flight goes back to the index at
         its due time (the next take publishes it). Returns whether it applied."""
-        if not self.exists or not self.taken or self.seq != seq:
+        if not self.exists:
+            return False
+        if self._live() and not self.run_started and self.run_seq == seq:
+            # a flush's message: its run has no message to start it any more; its lease ends
+            # now, so the next step (the pump's take) puts its triggers back, due at once
+            assert self.running_until is not None
+            self.running_until = min(self.running_until, now)
+            self._reindex()
+            return True
+        if not self.taken or self.seq != seq:
             return False
         self.taken = False
         self.taken_at = None
@@ -486,6 +525,12 @@ class KeyModel:
         if not self.exists:
             return FireOut("missing")
         self._recover_lease(now)
+        if seq is not None and self._live() and not self.run_started and self.run_seq == seq:
+            # the message of a flush starts the run the flush claimed: its lease from now
+            self.run_started = True
+            self.running_until = now + cfg.lease
+            self._reindex()
+            return FireOut("claim", claim=self.run_claim(), flushed=True)
         if seq is not None and (seq != self.seq or not self.taken):
             self._reindex()
             return FireOut("drop")
@@ -507,7 +552,36 @@ class KeyModel:
             self.taken_at = None
             self._reindex()
             return FireOut("wait")
-        # claim
+        claim, follow = self._claim(now, seq)
+        self._reindex()
+        return FireOut("claim", dispatch=follow, claim=claim)
+
+    def run_claim(self) -> ClaimOut:
+        """The live run as its claim answered (``fire`` of a flush's message answers it)."""
+        assert self.running_until is not None and self.last_run_at is not None
+        return ClaimOut(
+            run_id=self.run_id,
+            flight_id=self.run_flight,
+            triggers=self.run_triggers,
+            payload=copy.deepcopy(self.run_payload),
+            first_trigger_at=self.run_first,
+            last_trigger_at=self.run_last,
+            due_at=self.run_due,
+            started_at=self.last_run_at,
+            attempt=self.run_attempt,
+        )
+
+    def _claim(
+        self, now: int, seq: int | None, *, started: bool = True
+    ) -> tuple[ClaimOut, Msg | None]:
+        """The pending flight becomes the live run (``fire``'s claim, or a flush's with
+        ``started=False``: its lease is then ``retake``, the time its message has to start
+        it). A run a flush claimed that has not started yet (``overlap=True`` only) goes back
+        to pending first, and this claim takes its triggers too. Returns the claim and the
+        message of the collected items left over (``overlap=True``)."""
+        cfg = self.cfg
+        if self._live() and not self.run_started:
+            self._return_unstarted(now)
         self.run_id += 1
         payload, rest = self.payload, None
         cut = False
@@ -517,19 +591,12 @@ class KeyModel:
                 payload, rest = payload[:took], payload[took:]
                 cut = took < (cfg.collect_limit or 0)
         claimed = self.pending - (len(rest) if rest else 0)
-        claim = ClaimOut(
-            run_id=self.run_id,
-            flight_id=self.flight_id,
-            triggers=claimed,
-            payload=copy.deepcopy(payload),
-            first_trigger_at=self.first,
-            last_trigger_at=self.last,
-            due_at=self.due,
-            started_at=now,
-            attempt=self.attempt,
-        )
-        self.running_until = now + cfg.lease
+        self.running_until = now + (cfg.lease if started else self.retake)
         self.run_seq = seq or 0
+        self.run_started = started
+        self.run_flight = self.flight_id
+        self.run_last = self.last
+        self.run_due = self.due
         self.run_triggers = claimed
         self.run_payload = copy.deepcopy(payload)
         self.run_first = self.first
@@ -547,6 +614,7 @@ class KeyModel:
         self.taken = False
         self.taken_at = None
         self.last_run_at = now
+        claim = self.run_claim()
         follow = None
         if rest:
             assert cfg.collect_limit is not None
@@ -556,7 +624,8 @@ class KeyModel:
             self.due_fixed = len(rest) >= cfg.collect_limit or cut
             if self.due_fixed:
                 self.due = now
-            if cfg.overlap:
+            if cfg.overlap and started:
+                # (after a flush the index holds them: a flush answers its own message only)
                 assert self.due is not None
                 follow = self._schedule(self.due, now)
         else:
@@ -568,8 +637,7 @@ class KeyModel:
             self.due = None
             self.due_fixed = False
             self.attempted = 0
-        self._reindex()
-        return FireOut("claim", dispatch=follow, claim=claim)
+        return claim, follow
 
     def current(self, run_id: int) -> bool:
         return self.run_id == run_id and self.running_until is not None
@@ -637,7 +705,7 @@ class KeyModel:
 
     def heartbeat(self, now: int, run_id: int, lease: int) -> bool:
         """Extend run ``run_id``'s lease to ``now + lease`` (a lease that ran out is not)."""
-        if not self.exists or not self.current(run_id):
+        if not self.exists or not self.current(run_id) or not self.run_started:
             return False
         assert self.running_until is not None
         if self.running_until <= now:
@@ -651,23 +719,45 @@ class KeyModel:
         lease end, or ``None`` when that run is not the live one (lost, or finished)."""
         if not self.exists or self.running_until is None or self.run_seq != seq or not seq:
             return None
+        if not self.run_started:
+            return None  # a flush's run that its message has not started: no worker has it
         if self.running_until <= now:
             return None
         self.running_until = now + lease
         self._reindex()
         return self.running_until
 
-    def flush(self, now: int) -> Msg | None:
-        if not self.exists or self.pending == 0:
+    def flush(self, now: int, hold: int | None = None) -> Msg | None:
+        """Run the pending flight now (lodash's ``flush()``): unless a live run blocks it, the
+        flush claims it at once (a run not started yet, its lease ``retake``) and answers the
+        message that starts it (``fire`` with its sequence); triggers after the flush form
+        the next flight. A live run with ``overlap=False`` blocks it: the flight is due now,
+        and stays so (``due_fixed``) until the finishing run schedules it. ``hold``: a Redis
+        counter that could not be sealed may count triggers of the flight until then: the
+        flight is due at ``hold``, and claimed then as any due flight."""
+        if not self.exists:
             return None
-        self.due = now
+        lost = self._recover_lease(now)
+        if self.pending == 0:
+            if lost:
+                self._reindex()
+            return None
         self.not_before = None
-        msg = None
+        self.due_fixed = True
+        if hold is not None and hold > now:
+            self.due = hold
+        else:
+            self.due = now
         if self._live() and not self.cfg.overlap:
             self.taken = False
             self.taken_at = None
+            msg = None
+        elif self.due > now:
+            msg = self._schedule(self.due, now)
         else:
-            msg = self._schedule(now, now)
+            seq = self._next_seq(now)
+            self._claim(now, seq, started=False)
+            msg = Msg(seq, 0)
         self._reindex()
         return msg
 

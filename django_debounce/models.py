@@ -266,6 +266,33 @@ class DebounceKey(models.Model):
         blank=True,
         help_text=_("First trigger claimed by the live run."),
     )
+    run_last_trigger_at = AwareDateTimeField(
+        _("last trigger of live run"),
+        null=True,
+        blank=True,
+        help_text=_("Last trigger claimed by the live run."),
+    )
+    run_due_at = AwareDateTimeField(
+        _("due time of live run"),
+        null=True,
+        blank=True,
+        help_text=_("When the flight the live run claimed was due."),
+    )
+    run_flight_id = models.PositiveBigIntegerField(
+        _("flight of live run"),
+        default=0,
+        db_default=0,
+        help_text=_("The flight the live run claimed."),
+    )
+    run_started = models.BooleanField(
+        _("live run started"),
+        default=True,
+        db_default=True,
+        help_text=_(
+            "False while the live run was claimed by a flush and its message has not started "
+            "it yet."
+        ),
+    )
     triggers = models.PositiveBigIntegerField(
         _("triggers"), default=0, help_text=_("Triggers counted, in total.")
     )

@@ -504,10 +504,14 @@ class DebouncedTask(Task):
         return out
 
     def flush(self, *args: Any, **kwargs: Any) -> bool:
-        """Run the pending flight for these arguments now; returns ``False`` when none is pending.
+        """Run the pending flight for these arguments now, as lodash's ``flush()``; returns
+        ``False`` when none is pending.
 
-        A live run of the key is not interrupted: the flight runs when it finishes.
-        Under ``task_always_eager`` the flight runs in this process before ``flush`` returns.
+        The flush claims the flight at once and publishes the message that starts its run:
+        the run covers the triggers pending now, and a trigger after the flush belongs to the
+        next flight, which runs after its own wait. A live run of the key is not interrupted
+        (``overlap=False``): the flight runs as soon as it finishes. Under
+        ``task_always_eager`` the flight runs in this process before ``flush`` returns.
         """
         return self.flush_key(key_hash(self.name, self._key_of(args, kwargs)))
 
@@ -518,8 +522,10 @@ class DebouncedTask(Task):
         dispatch = backend.flush(hashed, task_name=self.name, options=self.flight_options())
         if dispatch is not None:
             if is_eager(self):
+                # the message that starts the run the flush claimed, delivered here
                 self.fire(hashed, dispatch.seq, store=dispatch.store, in_worker=False)
             else:
+                # refused: the claimed run goes back to pending and a pump publishes it (I8)
                 publish_or_release(self, backend, dispatch)
         return bool(pending)
 

@@ -16,7 +16,7 @@ from django.db import router
 from django_debounce import conf
 from django_debounce.backends.base import BaseBackend, LiveRun, Taken
 from django_debounce.backends.rows import Record, Rows, config, to_dt, to_us
-from django_debounce.machine import US, Msg
+from django_debounce.machine import US, ClaimOut, Msg
 from django_debounce.models import DebounceDue, DebounceKey, DebounceRun
 from django_debounce.state import (
     Claim,
@@ -235,6 +235,28 @@ class DatabaseBackend(BaseBackend):
 
     # -- the worker ----------------------------------------------------------------------------
 
+    def _run_row(self, record: Record, claim: ClaimOut, at: int) -> None:
+        """The ``DebounceRun`` row of a claim, written in the claim's transaction."""
+        last = claim.last_trigger_at if claim.last_trigger_at is not None else at
+        first = claim.first_trigger_at if claim.first_trigger_at is not None else last
+        due = claim.due_at if claim.due_at is not None else at
+        record.new_runs.append(
+            DebounceRun(
+                debounce_key_id=record.pk,
+                task_name=record.task_name,
+                flight_id=claim.flight_id,
+                run_id=claim.run_id,
+                attempt=claim.attempt,
+                triggers=claim.triggers,
+                first_trigger_at=to_dt(first),
+                last_trigger_at=to_dt(last),
+                due_at=to_dt(due),
+                started_at=to_dt(at),
+                delay=max(at - last, 0) / US,
+                outcome=RUNNING,
+            )
+        )
+
     def fire(self, key_hash, seq, *, task_name, options, now=None, store=None):
         rows = self.rows()
         with rows.atomic():
@@ -245,30 +267,16 @@ class DatabaseBackend(BaseBackend):
             k = record.key
             out = k.fire(at, seq)
             claim = out.claim
-            if claim is not None:
-                last = claim.last_trigger_at if claim.last_trigger_at is not None else at
-                first = claim.first_trigger_at if claim.first_trigger_at is not None else last
-                due = claim.due_at if claim.due_at is not None else at
-                record.new_runs.append(
-                    DebounceRun(
-                        debounce_key_id=record.pk,
-                        task_name=record.task_name,
-                        flight_id=claim.flight_id,
-                        run_id=claim.run_id,
-                        attempt=claim.attempt,
-                        triggers=claim.triggers,
-                        first_trigger_at=to_dt(first),
-                        last_trigger_at=to_dt(last),
-                        due_at=to_dt(due),
-                        started_at=to_dt(at),
-                        delay=max(at - last, 0) / US,
-                        outcome=RUNNING,
-                    )
-                )
+            if claim is not None and not out.flushed:  # a flush wrote its run's row
+                self._run_row(record, claim, at)
             rows.write(record, at)
         dispatch = self._dispatch(record, out.dispatch)
         if claim is None:
             return FireDecision(FireAction(out.action), dispatch=dispatch)
+        started = claim.started_at
+        last = claim.last_trigger_at if claim.last_trigger_at is not None else started
+        first = claim.first_trigger_at if claim.first_trigger_at is not None else last
+        due = claim.due_at if claim.due_at is not None else started
         return FireDecision(
             FireAction.CLAIM,
             dispatch=dispatch,
@@ -283,7 +291,7 @@ class DatabaseBackend(BaseBackend):
                 first_trigger_at=to_dt(first),  # type: ignore[arg-type]
                 last_trigger_at=to_dt(last),  # type: ignore[arg-type]
                 due_at=to_dt(due),  # type: ignore[arg-type]
-                started_at=to_dt(at),  # type: ignore[arg-type]
+                started_at=to_dt(started),  # type: ignore[arg-type]
                 store=self.store,
                 attempt=claim.attempt,
                 attempted=k.run_attempted,
@@ -372,9 +380,13 @@ class DatabaseBackend(BaseBackend):
             if record is None:
                 return None
             self.settle(rows, [record], at)
-            if not record.key.pending:
-                return None
-            msg = record.key.flush(at)
+            k = record.key
+            before = k.run_id
+            # a counter that could not be sealed may count triggers of the flight until its
+            # fence: the flight is due then (fence 4), and claimed by the message then due
+            msg = k.flush(at, hold=record.counter_until)
+            if k.run_id != before:  # the flush claimed the flight
+                self._run_row(record, k.run_claim(), at)
             rows.write(record, at)
         return self._dispatch(record, msg)
 

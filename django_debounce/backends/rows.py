@@ -51,6 +51,10 @@ FIELDS: dict[str, str] = {
     "run_bound": "run_bound_at",
     "run_attempted": "run_attempted",
     "run_attempt": "run_attempt",
+    "run_flight": "run_flight_id",
+    "run_last": "run_last_trigger_at",
+    "run_due": "run_due_at",
+    "run_started": "run_started",
     "last_run_at": "last_run_at",
     "triggers": "triggers",
     "runs": "runs",
@@ -379,7 +383,12 @@ class Rows:
         for run_id in k.events:
             record.ended.append((run_id, "lost", "lease ran out"))
             record.last_outcome = "lost"
-        k.events = []
+        for run_id in k.returned:
+            # a flush's run that its message did not start: its triggers are pending again
+            record.ended.append(
+                (run_id, "lost", "not started: its flush's message did not start it")
+            )
+        k.events, k.returned = [], []
         changes = record.changes()
         conn = connections[self.alias]
         with conn.cursor() as cursor:

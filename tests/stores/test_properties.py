@@ -56,9 +56,9 @@ from hypothesis.stateful import (
 from django_debounce.backends import get_backend
 from django_debounce.backends.base import LiveRun
 from django_debounce.keys import dumps
+from django_debounce.machine import US, Config, KeyModel, Msg, canon
 from django_debounce.models import DebounceKey, DebounceRun
 from django_debounce.state import Finish, FireAction, FlightOptions
-from django_debounce.machine import US, Config, KeyModel, Msg, canon
 from tests.support.peek import peek_database, peek_redis
 from tests.support.workers import Worker
 
@@ -152,8 +152,9 @@ class RunT:
     lease_end: int
     triggers: int
     seq: int | None
-    status: str = "live"  # live, ok, failed, retried, lost, superseded
+    status: str = "live"  # live, ok, failed, retried, lost, superseded, returned
     crashed: bool = False
+    started: bool = True  # False: a flush claimed it and its message has not started it
 
 
 @dataclass
@@ -257,6 +258,16 @@ class StoreAgainstModel(RuleBasedStateMachine):
                 if rec.status == "claimed" and rec.run == run_id:
                     rec.status, rec.run, rec.attempted = "pending", None, True
         key.model.events.clear()
+        for run_id in key.model.returned:
+            # a flush's run its message did not start: its triggers are pending again, with
+            # no attempt made
+            run = key.runs[run_id]
+            assert run.status == "live" and not run.started, f"run {run} went back unstarted"
+            run.status = "returned"
+            for rec in key.recs:
+                if rec.status == "claimed" and rec.run == run_id:
+                    rec.status, rec.run = "pending", None
+        key.model.returned.clear()
         if recovers:
             key.touched = now
         if key.model.pending and key.model.due_fixed:
@@ -484,8 +495,29 @@ class StoreAgainstModel(RuleBasedStateMachine):
         )
         assert got == wanted, f"claim of {key.name}: store {got}, model {wanted}"
         assert (claim.key_hash, claim.key, claim.task_name) == (key.hash, key.name, key.task)
-        self.ledger_claim(key, claim, now, seq)
+        if expected.flushed:
+            self.ledger_start(key, claim, now, seq)
+        else:
+            self.ledger_claim(key, claim, now, seq)
         self.running.append(Running(key.index, claim.run_id, seq, claim.store))
+
+    def ledger_start(self, key: Key, claim: Any, now: int, seq: int | None) -> None:
+        """The message of a flush starts the run the flush claimed: exactly the triggers
+        pending at the flush, none that came after it."""
+        run = key.runs[claim.run_id]
+        assert seq is not None and run.seq == seq, f"run {run} started by message {seq}"
+        assert run.status == "live" and not run.started, f"I5: run {run} started twice"
+        run.started = True
+        run.lease_end = now + key.cfg.lease
+        covered = [r for r in key.recs if r.status == "claimed" and r.run == claim.run_id]
+        assert len(covered) == claim.triggers == run.triggers, (
+            f"flushed run {claim.run_id} of {claim.triggers} triggers, the flush took {covered}"
+        )
+        if key.cfg.collect:
+            assert {canon(i) for i in claim.payload} == {canon(r.payload) for r in covered}
+        else:
+            newest = max(covered, key=lambda r: r.id)
+            assert claim.payload == newest.payload, "the flushed run lost its last payload"
 
     def ledger_claim(self, key: Key, claim: Any, now: int, seq: int | None) -> None:
         cfg = key.cfg
@@ -687,22 +719,42 @@ class StoreAgainstModel(RuleBasedStateMachine):
 
     # -- operators --------------------------------------------------------------------------
 
-    @rule(k=st.integers(0, 1))
-    def flush(self, k: int) -> None:
+    @rule(k=st.integers(0, 1), fails=st.booleans())
+    def flush(self, k: int, fails: bool = False) -> None:
+        """A flush (lodash's ``flush()``): unless a live run blocks it, it claims the pending
+        flight at once, and its message only starts that run (``ledger_start``); triggers
+        after it belong to the next flight. The publish of its message may fail: the run
+        goes back to pending (I8)."""
         key = self.keys[k % len(self.keys)]
         now = self.tick()
+        before = key.model.run_id
         real = self.backend.flush(
             key.hash, task_name=key.task, options=options(key.cfg), now=dt(now)
         )
         expected = key.model.flush(now)
         self.same_dispatch(key, real, expected, f"flush {key.name}")
-        self.publish(key, real, expected, now)
-        if key.model.pending:
+        self.after(key, now, recovers=True)
+        if key.model.pending or key.model.run_id != before:
             for rec in key.recs:
                 if rec.status == "pending":
                     rec.exempt = True
             key.not_before = None
-        self.after(key, now, recovers=False)
+        if key.model.run_id != before:
+            # the flush claimed the flight: a run its message starts
+            assert expected is not None and expected.seq == key.model.run_seq
+            assert not key.model.run_started
+            claim = key.model.run_claim()
+            due = None if claim.due_at is None else dt(claim.due_at)
+            self.ledger_claim(key, replace(claim, due_at=due), now, expected.seq)
+            run = key.runs[claim.run_id]
+            run.started, run.lease_end = False, now + RETAKE
+            row = DebounceRun.objects.filter(debounce_key__key_hash=key.hash, run_id=claim.run_id)
+            assert list(row.values_list("outcome", "triggers")) == [("running", claim.triggers)]
+        if real is not None and expected is not None:
+            if fails:
+                self.release(key, real.seq)
+            else:
+                self.publish(key, real, expected, now)
 
     @rule(k=st.integers(0, 1))
     def cancel(self, k: int) -> None:
