@@ -33,7 +33,6 @@ from django.db import (
 from django_debounce import argtypes, conf, dbtime, observe, registry, runtable
 from django_debounce.backends import get_backend
 from django_debounce.backends.base import BaseBackend
-from django_debounce.backends.errors import store_unavailable
 from django_debounce.dispatch import (
     DISPATCH_KWARG,
     is_eager,
@@ -61,15 +60,9 @@ from django_debounce.state import (
 
 logger = logging.getLogger("django_debounce")
 
-# Errors that may mean "the store is unreachable right now" (``store_unavailable`` decides),
-# not "the state machine said no".
-STORE_ERRORS: tuple[type[BaseException], ...] = (OperationalError, InterfaceError, OSError)
-try:
-    from redis.exceptions import RedisError as _RedisError
-
-    STORE_ERRORS += (_RedisError,)
-except ImportError:  # pragma: no cover - redis is optional
-    pass
+# Errors that mean "the database is unreachable right now", not "the rules said no" (a
+# Redis failure never reaches the flow: the Redis store takes the row path instead).
+STORE_ERRORS: tuple[type[BaseException], ...] = (OperationalError, InterfaceError)
 STORE_RETRY_DELAY = 1.0
 STORE_RETRIES = 600
 # Seconds a lease derived from a task's hard time limit adds to it: the run is killed at the
@@ -577,8 +570,6 @@ class DebouncedTask(Task):
         try:
             return self.fire(parsed.key_hash, parsed.seq, store=parsed.store)
         except STORE_ERRORS as exc:
-            if not store_unavailable(exc):
-                raise
             return self._store_unavailable(message, exc)
 
     def _store_unavailable(self, message: dict[str, Any], exc: BaseException) -> None:
@@ -802,9 +793,7 @@ class DebouncedTask(Task):
                 options=self.flight_options(),
                 store=claim.store,
             )
-        except STORE_ERRORS as exc:
-            if not store_unavailable(exc):
-                raise
+        except STORE_ERRORS:
             # The run is done but its store is unreachable: its lease runs out and the
             # flight is redone (at least once, I7) rather than lost.
             logger.exception(
