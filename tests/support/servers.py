@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import socket
 import subprocess
 from pathlib import Path
@@ -31,14 +33,18 @@ class RedisServer:
     ``appendfsync always``), so a restart after ``stop()`` (SIGKILL) keeps every write that was
     answered, and ``wipe()`` (while stopped) makes the next start empty."""
 
-    def __init__(self, directory: Path, *, persistent: bool = False) -> None:
+    def __init__(
+        self, directory: Path, *, persistent: bool = False, args: tuple[str, ...] = ()
+    ) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
             raise RuntimeError("redis-server is not installed; run the suite with scripts/test")
         self.binary = binary
         self.directory = directory
         self.persistent = persistent
+        self.args = args  # more redis-server options (``--replicaof``, ...)
         self.port = free_port()
+        self.paused = False
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -67,13 +73,29 @@ class RedisServer:
                 *persistence,
                 "--dir",
                 str(self.directory),
+                *self.args,
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
         wait_for(lambda: _pong(self.port), timeout=20, message=f"redis on {self.port}")
 
+    def pause(self) -> None:
+        """SIGSTOP the server: connections stay open, nothing is answered until ``resume()``
+        (commands sent meanwhile run when it resumes, late)."""
+        assert self.proc is not None and self.running and not self.paused
+        os.kill(self.proc.pid, signal.SIGSTOP)
+        self.paused = True
+
+    def resume(self) -> None:
+        """SIGCONT a paused server."""
+        assert self.proc is not None
+        os.kill(self.proc.pid, signal.SIGCONT)
+        self.paused = False
+        wait_for(lambda: _pong(self.port), timeout=20, message=f"redis on {self.port} to resume")
+
     def stop(self) -> None:
+        self.paused = False  # SIGKILL ends a stopped process too
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(timeout=10)
