@@ -1,3 +1,5 @@
+#!lua
+-- The shebang (no allow-oom) makes Redis refuse it whole on a full Redis: the row path takes it.
 -- A trigger on the Redis store (docs/design.md, "The counter and its fences"): absorbed by
 -- the key's counter when it is open (not sealed, its expiry `x` not reached) and takes this
 -- trigger's fingerprint (payload and options); else the trigger takes the row path.

@@ -1,3 +1,5 @@
+#!lua
+-- The shebang (no allow-oom) makes Redis refuse it whole on a full Redis: no counter is made.
 -- Make the counter of an open flight after the row path committed it (docs/design.md, fences
 -- 1 and 2). Refused once Redis's clock passes the counter's expiry `x` (a creation delayed by
 -- a paused client or a paused Redis), or when the key holds a counter or tombstone of this
