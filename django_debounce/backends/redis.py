@@ -134,6 +134,7 @@ class RedisBackend(DatabaseBackend):
     # Seconds a failure of Redis sends triggers straight to the row path (no merge tried, no
     # counter made), so a Redis that hangs costs one socket timeout, not one per trigger.
     BACKOFF = 1.0
+    pipelines_scripts = True  # False: the client cannot pipeline scripts (an old cluster client)
     _skip_until = 0.0
     _warned_at = -3600.0
 
@@ -150,23 +151,30 @@ class RedisBackend(DatabaseBackend):
     def _calls(self, name: str, calls: Sequence[tuple[str, list[Any]]]) -> list[Any]:
         """Run script ``name`` for each ``(Redis key, args)``, pipelined; each reply, or the
         error of that call. A script Redis lost (a restart) is loaded again."""
+        from redis.exceptions import NoScriptError, RedisClusterException
+
         script = self.scripts[name]
-        if len(calls) == 1:
-            key, args = calls[0]
-            try:
-                return [script(keys=[key], args=args)]
-            except redis_errors() as exc:
-                self._failed(name, exc)
-                return [exc]
+        if len(calls) == 1 or not self.pipelines_scripts:
+            out: list[Any] = []
+            for key, args in calls:
+                try:
+                    out.append(script(keys=[key], args=args))
+                except redis_errors() as exc:
+                    self._failed(name, exc)
+                    out.append(exc)
+            return out
         try:
             pipe = self.client.pipeline(transaction=False)
             for key, args in calls:
                 script(keys=[key], args=args, client=pipe)
             replies = list(pipe.execute(raise_on_error=False))
+        except RedisClusterException:
+            # redis-py before 6 refuses scripts in a cluster pipeline: one call at a time
+            self.pipelines_scripts = False
+            return self._calls(name, calls)
         except redis_errors() as exc:
             self._failed(name, exc)
             return [exc] * len(calls)
-        from redis.exceptions import NoScriptError
 
         for i, reply in enumerate(replies):
             if isinstance(reply, NoScriptError):  # a cluster pipeline leaves it to us
