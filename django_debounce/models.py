@@ -385,7 +385,11 @@ class DebounceDue(models.Model):
     class Meta:
         verbose_name = _("due index entry")
         verbose_name_plural = _("due index entries")
-        indexes = [models.Index(fields=["task_name", "due_at"], name="debounce_due_task_due")]
+        indexes = [
+            models.Index(fields=["task_name", "due_at"], name="debounce_due_task_due"),
+            # the pump's first entry and due entries of several tasks, in due order
+            models.Index(fields=["due_at"], name="debounce_due_at"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.task_name} {self.key_hash[:12]} at {self.due_at}"

@@ -38,7 +38,7 @@ class Migration(migrations.Migration):
             options={
                 'verbose_name': 'due index entry',
                 'verbose_name_plural': 'due index entries',
-                'indexes': [models.Index(fields=['task_name', 'due_at'], name='debounce_due_task_due')],
+                'indexes': [models.Index(fields=['task_name', 'due_at'], name='debounce_due_task_due'), models.Index(fields=['due_at'], name='debounce_due_at')],
             },
         ),
         migrations.CreateModel(
