@@ -154,8 +154,7 @@ class DatabaseBackend(BaseBackend):
                         reindex.add(hashed)
                     out.append((result, dispatch))
                 self.opened(rows, list(held.values()), at, context)
-                for hashed, record in held.items():
-                    rows.write(record, at, reindex=hashed in reindex)
+                rows.write_many([(r, h in reindex) for h, r in held.items()], at)
             self.after_commit(list(held.values()))
         return out
 
@@ -215,10 +214,10 @@ class DatabaseBackend(BaseBackend):
             for record in records:
                 msg, retaken = record.key.take(at)
                 again += retaken
-                rows.write(record, at)
                 dispatch = self._dispatch(record, msg)
                 if dispatch is not None:
                     dispatches.append(dispatch)
+            rows.write_many([(r, True) for r in records], at)
             first = self._entries(names).order_by("due_at").values_list("due_at", flat=True)[:1]
             left = next(iter(first), None)
         next_in = None if left is None else (to_us(left) - at) / US  # type: ignore[operator]
@@ -241,20 +240,20 @@ class DatabaseBackend(BaseBackend):
         first = claim.first_trigger_at if claim.first_trigger_at is not None else last
         due = claim.due_at if claim.due_at is not None else at
         record.new_runs.append(
-            DebounceRun(
-                debounce_key_id=record.pk,
-                task_name=record.task_name,
-                flight_id=claim.flight_id,
-                run_id=claim.run_id,
-                attempt=claim.attempt,
-                triggers=claim.triggers,
-                first_trigger_at=to_dt(first),
-                last_trigger_at=to_dt(last),
-                due_at=to_dt(due),
-                started_at=to_dt(at),
-                delay=max(at - last, 0) / US,
-                outcome=RUNNING,
-            )
+            {
+                "task_name": record.task_name,
+                "flight_id": claim.flight_id,
+                "run_id": claim.run_id,
+                "attempt": claim.attempt,
+                "triggers": claim.triggers,
+                "first_trigger_at": to_dt(first),
+                "last_trigger_at": to_dt(last),
+                "due_at": to_dt(due),
+                "started_at": to_dt(at),
+                "delay": max(at - last, 0) / US,
+                "outcome": RUNNING,
+                "error": "",
+            }
         )
 
     def fire(self, key_hash, seq, *, task_name, options, now=None, store=None):

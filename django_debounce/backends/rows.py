@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -19,7 +19,7 @@ from typing import Any
 
 from django.db import connections, models, transaction
 
-from django_debounce.dbtime import from_db
+from django_debounce.dbtime import from_db, to_db
 from django_debounce.machine import US, Config, KeyModel
 from django_debounce.models import DebounceDue, DebounceKey, DebounceRun
 from django_debounce.state import FlightOptions
@@ -74,6 +74,8 @@ BOOLS = frozenset(
 HEAD = ("id", "key", "key_hash", "task_name", "overlap", "counter_id", "counter_until", "state")
 COLUMNS = (*HEAD, *FIELDS.values())
 FIELD = {f.column: f for f in DebounceKey._meta.concrete_fields}
+RUN_FIELD = {f.column: f for f in DebounceRun._meta.concrete_fields}
+JSON_COLUMNS = frozenset(c for c, f in FIELD.items() if isinstance(f, models.JSONField))
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
@@ -91,7 +93,21 @@ UPSERT_DUE = (
 LOCK_WITH_CLOCK = (
     "WITH k AS ({}) SELECT k.*, clock_timestamp() FROM (SELECT 1) AS one LEFT JOIN k ON TRUE"
 )
+UPSERT_DUE_OF_K = UPSERT_DUE.replace("VALUES (%s, %s, %s)", "SELECT %s, %s, %s FROM k")
 DELETE_DUE = f"DELETE FROM {DUE} WHERE {q('key_hash')} = %s"
+RUN = q(DebounceRun._meta.db_table)
+RUN_COLUMNS = tuple(
+    f.column for f in DebounceRun._meta.concrete_fields if f.column not in ("id", "finished_at")
+)
+INSERT_RUN = (
+    f"INSERT INTO {RUN} ({', '.join(q(c) for c in RUN_COLUMNS)}) "
+    f"VALUES ({', '.join(['%s'] * len(RUN_COLUMNS))})"
+)
+# a run's outcome is written once: a late finish of a run already lost keeps "lost"
+END_RUN = (
+    f"UPDATE {RUN} SET {q('outcome')} = %s, {q('finished_at')} = %s, {q('error')} = %s "
+    f"WHERE {q('debounce_key_id')} = %s AND {q('run_id')} = %s AND {q('outcome')} = 'running'"
+)
 # a new row: these columns, then every other column with a default, at its default
 NEW_COLUMNS = ["key_hash", "key", "task_name", "overlap", "created_at", "updated_at"]
 NEW_DEFAULTS = []
@@ -113,6 +129,17 @@ def _insert_text(cols: tuple[str, ...]) -> str:
 @functools.cache
 def _update_text(cols: tuple[str, ...]) -> str:
     return f"UPDATE {KEY} SET {', '.join(f'{q(c)} = %s' for c in cols)} WHERE {q('id')} = %s"
+
+
+@functools.cache
+def _select_text(where: str, lock: bool, skip_locked: bool) -> str:
+    text = (
+        f"SELECT {', '.join('k.' + q(c) for c in COLUMNS)}, d.{q('due_at')} FROM {KEY} k "
+        f"LEFT JOIN {DUE} d ON d.{q('key_hash')} = k.{q('key_hash')} WHERE {where}"
+    )
+    if lock:
+        text += " FOR UPDATE OF k" + (" SKIP LOCKED" if skip_locked else "")
+    return text
 
 
 def to_us(value: datetime | None) -> int | None:
@@ -158,7 +185,7 @@ class Record:
     counter_until: int | None
     orig: dict[str, Any] = field(default_factory=dict)
     last_outcome: str | None = None  # set when a step decides the outcome column
-    new_runs: list[DebounceRun] = field(default_factory=list)
+    new_runs: list[dict[str, Any]] = field(default_factory=list)  # column -> value
     ended: list[tuple[int, str, str]] = field(default_factory=list)  # (run_id, outcome, error)
     extra: dict[str, Any] = field(default_factory=dict)  # what a store keeps for after the step
 
@@ -219,17 +246,13 @@ class Rows:
 
     @staticmethod
     def _us(value: Any) -> int | None:
+        if isinstance(value, datetime) and value.tzinfo is not None:
+            return to_us(value)  # PostgreSQL under USE_TZ: aware already
         return to_us(from_db(value))
 
     def _select(self, where: str, *, lock: bool, skip_locked: bool = False) -> str:
         """The text of a read of whole records (``where`` on the key table ``k``)."""
-        text = (
-            f"SELECT {', '.join('k.' + q(c) for c in COLUMNS)}, d.{q('due_at')} FROM {KEY} k "
-            f"LEFT JOIN {DUE} d ON d.{q('key_hash')} = k.{q('key_hash')} WHERE {where}"
-        )
-        if lock and self.pg:
-            text += " FOR UPDATE OF k" + (" SKIP LOCKED" if skip_locked else "")
-        return text
+        return _select_text(where, lock and self.pg, skip_locked)
 
     def _fetch(
         self, text: str, params: list[Any], cfgs: Any, clock: bool = False
@@ -373,12 +396,52 @@ class Rows:
         got, _at = self._fetch(text, [key_hash], cfg)
         return got[0] if got else None
 
-    def write(self, record: Record, now: int, *, reindex: bool = True) -> bool:
-        """Write a step's result: the changed columns (a ``blank`` record: its row), the due
-        index entry (unless the step was a plain merge, which leaves it: it may be early,
-        never late), the runs it claimed, and the outcomes of the runs it ended or lost.
-        Returns ``False``, writing nothing, when a blank record's row was made meanwhile by
-        another transaction (the caller locks that row and takes the step again)."""
+    def _prep(self, column: str, value: Any) -> Any:
+        """``value`` of a ``DebounceKey`` or ``DebounceRun`` column as the database takes it:
+        times through ``to_db`` (SQLite: Django's text), JSON through its field."""
+        if value is None:
+            return None
+        if isinstance(value, datetime):
+            return (
+                to_db(value)
+                if self.pg
+                else RUN_FIELD["started_at"].get_db_prep_save(value, connections[self.alias])
+            )
+        if column in JSON_COLUMNS:
+            return FIELD[column].get_db_prep_save(value, connections[self.alias])
+        return value
+
+    def _steps(self, record: Record, now: int, reindex: bool) -> list[tuple[int, str, list]]:
+        """The statements of a step's result on a record that has its row: ``(order, text,
+        params)``, the row's changed columns (0), its due entry (1), the runs it claimed (2)
+        and the outcomes of the runs it ended or lost (3)."""
+        k = record.key
+        steps: list[tuple[int, str, list]] = []
+        changes = record.changes()
+        if changes:
+            changes["updated_at"] = to_dt(now)
+            cols = tuple(changes)
+            params = [self._prep(c, changes[c]) for c in cols]
+            steps.append((0, _update_text(cols), [*params, record.pk]))
+        if reindex and k.entry != record.entry:
+            if k.entry is None:
+                steps.append((1, DELETE_DUE, [record.key_hash]))
+            else:
+                due = self._prep("due_at", to_dt(k.entry))
+                steps.append((1, UPSERT_DUE, [record.key_hash, record.task_name, due]))
+        for run in record.new_runs:
+            run["debounce_key_id"] = record.pk
+            steps.append((2, INSERT_RUN, [self._prep(c, run[c]) for c in RUN_COLUMNS]))
+        finished = self._prep("finished_at", to_dt(now))
+        for run_id, outcome, error in record.ended:
+            steps.append((3, END_RUN, [outcome, finished, error, record.pk, run_id]))
+        record.new_runs, record.ended = [], []
+        record.entry = k.entry
+        return steps
+
+    @staticmethod
+    def _lost(record: Record) -> None:
+        """The runs a step found lost or returned become outcomes to write."""
         k = record.key
         for run_id in k.events:
             record.ended.append((run_id, "lost", "lease ran out"))
@@ -389,52 +452,80 @@ class Rows:
                 (run_id, "lost", "not started: its flush's message did not start it")
             )
         k.events, k.returned = [], []
-        changes = record.changes()
-        conn = connections[self.alias]
-        with conn.cursor() as cursor:
+
+    def write(self, record: Record, now: int, *, reindex: bool = True) -> bool:
+        """Write a step's result: the changed columns (a ``blank`` record: its row), the due
+        index entry (unless the step was a plain merge, which leaves it: it may be early,
+        never late), the runs it claimed, and the outcomes of the runs it ended or lost; on
+        PostgreSQL in one statement. Returns ``False``, writing nothing, when a blank
+        record's row was made meanwhile by another transaction (the caller locks that row
+        and takes the step again)."""
+        self._lost(record)
+        with connections[self.alias].cursor() as cursor:
             if record.pk is None:
-                stamp = FIELD["created_at"].get_db_prep_save(datetime.now(UTC), conn)
-                values = dict(
-                    zip(
-                        NEW_COLUMNS,
-                        [
-                            record.key_hash,
-                            record.key_text,
-                            record.task_name,
-                            k.cfg.overlap,
-                            stamp,
-                            stamp,
-                            *NEW_DEFAULTS,
-                        ],
-                        strict=True,
-                    )
-                )
-                changes["updated_at"] = to_dt(now)
-                values.update({c: FIELD[c].get_db_prep_save(v, conn) for c, v in changes.items()})
-                cursor.execute(_insert_text(tuple(values)), list(values.values()))
-                got = cursor.fetchone()
-                if got is None:
-                    return False
-                record.pk = got[0]
-            elif changes:
-                changes["updated_at"] = to_dt(now)
-                cols = tuple(changes)
-                params = [FIELD[c].get_db_prep_save(changes[c], conn) for c in cols]
-                cursor.execute(_update_text(cols), [*params, record.pk])
-            if reindex and k.entry != record.entry:
-                if k.entry is None:
-                    cursor.execute(DELETE_DUE, [record.key_hash])
-                else:
-                    due = FIELD["due_at"].get_db_prep_save(to_dt(k.entry), conn)
-                    cursor.execute(UPSERT_DUE, [record.key_hash, record.task_name, due])
-        if record.new_runs:
-            DebounceRun.objects.using(self.alias).bulk_create(record.new_runs)
-        finished = to_dt(now)
-        for run_id, outcome, error in record.ended:
-            # a run's outcome is written once: a late finish of a run already lost keeps "lost"
-            DebounceRun.objects.using(self.alias).filter(
-                debounce_key_id=record.pk, run_id=run_id, outcome="running"
-            ).update(outcome=outcome, finished_at=finished, error=error)
-        record.new_runs, record.ended = [], []
+                return self._insert(cursor, record, now, reindex)
+            steps = self._steps(record, now, reindex)
+            claimed = {p[RUN_COLUMNS.index("run_id")] for o, _t, p in steps if o == 2}
+            if (
+                self.pg
+                and len(steps) > 1
+                and not any(p[4] in claimed for o, _t, p in steps if o == 3)
+            ):
+                # one round trip: data-modifying WITH clauses all run, on one snapshot (so not
+                # when the step ends a run it also claimed)
+                text = "WITH " + ", ".join(f"s{i} AS ({t})" for i, (_o, t, _p) in enumerate(steps))
+                steps = [(0, text + " SELECT 1", [v for _o, _t, p in steps for v in p])]
+            for _order, text, params in steps:
+                cursor.execute(text, params)
+        return True
+
+    def _insert(self, cursor: Any, record: Record, now: int, reindex: bool) -> bool:
+        """``write`` of a ``blank`` record: its row, with its due entry (on PostgreSQL in
+        the same statement)."""
+        k = record.key
+        assert not record.new_runs and not record.ended, "a new row claims no run"
+        stamp = self._prep("created_at", datetime.now(UTC))
+        values = dict(
+            zip(
+                NEW_COLUMNS,
+                [record.key_hash, record.key_text, record.task_name, k.cfg.overlap, stamp, stamp]
+                + [self._prep(c, v) for c, v in zip(NEW_COLUMNS[6:], NEW_DEFAULTS, strict=True)],
+                strict=True,
+            )
+        )
+        changes = record.changes()
+        changes["updated_at"] = to_dt(now)
+        values.update({c: self._prep(c, v) for c, v in changes.items()})
+        text, params = _insert_text(tuple(values)), list(values.values())
+        due = None
+        if reindex and k.entry is not None:
+            due = [record.key_hash, record.task_name, self._prep("due_at", to_dt(k.entry))]
+            if self.pg:  # the entry only when the row was made
+                text = f"WITH k AS ({text}), d AS ({UPSERT_DUE_OF_K}) SELECT {q('id')} FROM k"
+                params, due = params + due, None
+        cursor.execute(text, params)
+        got = cursor.fetchone()
+        if got is None:
+            return False
+        record.pk = got[0]
+        if due is not None:
+            cursor.execute(UPSERT_DUE, due)
         record.entry = k.entry
         return True
+
+    def write_many(self, records: Sequence[tuple[Record, bool]], now: int) -> None:
+        """``write`` of many records that have their rows (``(record, reindex)`` pairs): the
+        same statements, each text sent once for all its rows (``executemany``, one round
+        trip on PostgreSQL)."""
+        groups: dict[tuple[int, str], list[list]] = {}
+        for record, reindex in records:
+            assert record.pk is not None, "write_many() writes rows that exist"
+            self._lost(record)
+            for order, text, params in self._steps(record, now, reindex):
+                groups.setdefault((order, text), []).append(params)
+        with connections[self.alias].cursor() as cursor:
+            for (_order, text), many in sorted(groups.items(), key=lambda g: g[0][0]):
+                if len(many) == 1:
+                    cursor.execute(text, many[0])
+                else:
+                    cursor.executemany(text, many)
