@@ -105,11 +105,10 @@ class DebounceKey(models.Model):
     key_hash = models.CharField(
         _("key hash"),
         max_length=64,
-        unique=True,
         help_text=_("SHA-256 of task name and key; the identity used by the stores."),
     )
     task_name = models.CharField(
-        _("task"), max_length=255, db_index=True, help_text=_("Celery name of the debounced task.")
+        _("task"), max_length=255, help_text=_("Celery name of the debounced task.")
     )
     state = models.CharField(
         _("state"),
@@ -354,8 +353,12 @@ class DebounceKey(models.Model):
     class Meta:
         verbose_name = _("debounce key")
         verbose_name_plural = _("debounce keys")
+        # Every index is written by every update that changes an indexed column, so there are
+        # few: a step that leaves ``state`` alone (a merge, a take) changes none of them and
+        # PostgreSQL can update the row in place (HOT). The key hash's unique index is a
+        # constraint, not ``unique=True``, which adds a second (``LIKE``) index on PostgreSQL.
+        constraints = [models.UniqueConstraint(fields=["key_hash"], name="debounce_key_hash_uniq")]
         indexes = [
-            # A merged trigger changes no indexed column, so PostgreSQL updates it in place (HOT).
             models.Index(fields=["state"], name="debounce_key_state"),
             models.Index(fields=["task_name", "state"], name="debounce_key_task_state"),
             models.Index(fields=["updated_at"], name="debounce_key_updated"),
@@ -409,6 +412,7 @@ class DebounceRun(models.Model):
         DebounceKey,
         on_delete=models.CASCADE,
         related_name="run_history",
+        db_index=False,  # debounce_run_key_run_uniq and debounce_run_key_started lead with it
         verbose_name=_("key"),
         help_text=_("The key this run belongs to."),
     )

@@ -419,7 +419,8 @@ class Rows:
         steps: list[tuple[int, str, list]] = []
         changes = record.changes()
         if changes:
-            changes["updated_at"] = to_dt(now)
+            if "state" in changes:  # "last state change"; a merge or a take leaves it (HOT)
+                changes["updated_at"] = to_dt(now)
             cols = tuple(changes)
             params = [self._prep(c, changes[c]) for c in cols]
             steps.append((0, _update_text(cols), [*params, record.pk]))

@@ -46,8 +46,8 @@ class Migration(migrations.Migration):
             fields=[
                 ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
                 ('key', models.TextField(help_text='Readable key the triggers were grouped by.', verbose_name='key')),
-                ('key_hash', models.CharField(help_text='SHA-256 of task name and key; the identity used by the stores.', max_length=64, unique=True, verbose_name='key hash')),
-                ('task_name', models.CharField(db_index=True, help_text='Celery name of the debounced task.', max_length=255, verbose_name='task')),
+                ('key_hash', models.CharField(help_text='SHA-256 of task name and key; the identity used by the stores.', max_length=64, verbose_name='key hash')),
+                ('task_name', models.CharField(help_text='Celery name of the debounced task.', max_length=255, verbose_name='task')),
                 ('state', models.CharField(choices=[('idle', 'idle'), ('pending', 'pending'), ('running', 'running')], default='idle', help_text='idle: nothing to do; pending: triggers wait for a run; running: a run is live.', max_length=16, verbose_name='state')),
                 ('pending', models.PositiveIntegerField(default=0, help_text='Triggers in the open flight, not yet claimed by a run.', verbose_name='pending')),
                 ('flight_id', models.PositiveBigIntegerField(default=0, help_text='+1 each time a flight opens; a fencing token.', verbose_name='flight id')),
@@ -93,6 +93,7 @@ class Migration(migrations.Migration):
             options={
                 'verbose_name': 'debounce key',
                 'verbose_name_plural': 'debounce keys',
+                'constraints': [models.UniqueConstraint(fields=('key_hash',), name='debounce_key_hash_uniq')],
                 'indexes': [models.Index(fields=['state'], name='debounce_key_state'), models.Index(fields=['task_name', 'state'], name='debounce_key_task_state'), models.Index(fields=['updated_at'], name='debounce_key_updated')],
             },
         ),
@@ -113,7 +114,7 @@ class Migration(migrations.Migration):
                 ('finished_at', models.DateTimeField(blank=True, help_text='When it ended.', null=True, verbose_name='finished')),
                 ('outcome', models.CharField(choices=[('running', 'running'), ('success', 'success'), ('failure', 'failure'), ('lost', 'lost'), ('retry', 'failed, retried')], default='running', help_text='running, success, failure (after the last retry), retry (failed; its triggers went back to pending for a retry), or lost (lease ran out).', max_length=16, verbose_name='outcome')),
                 ('error', models.TextField(blank=True, default='', help_text='Error text of a failure.', verbose_name='error')),
-                ('debounce_key', models.ForeignKey(help_text='The key this run belongs to.', on_delete=django.db.models.deletion.CASCADE, related_name='run_history', to='django_debounce.debouncekey', verbose_name='key')),
+                ('debounce_key', models.ForeignKey(db_index=False, help_text='The key this run belongs to.', on_delete=django.db.models.deletion.CASCADE, related_name='run_history', to='django_debounce.debouncekey', verbose_name='key')),
             ],
             options={
                 'verbose_name': 'debounce run',
