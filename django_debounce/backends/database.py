@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from django.db import router
+from django.db import router, transaction
 
 from django_debounce import conf
 from django_debounce.backends.base import BaseBackend, LiveRun, Taken
@@ -139,22 +139,32 @@ class DatabaseBackend(BaseBackend):
         for start in range(0, len(items), self.MANY):
             chunk = items[start : start + self.MANY]
             keys = dict(sorted({hashed: key for key, hashed, _p in chunk}.items()))
-            with rows.atomic():
-                at = rows.clock(now)
-                rows.create(list(keys.items()), task_name, cfg.overlap)
-                held = rows.lock_many(list(keys), {task_name: cfg})
-                self.settle(rows, list(held.values()), at, mode="trigger")
-                reindex: set[str] = set()
-                for _key, hashed, payload_json in chunk:
-                    record = held[hashed]
-                    result, dispatch, merge = self._apply_trigger(
-                        record, at, json.loads(payload_json)
-                    )
-                    if not merge:
-                        reindex.add(hashed)
-                    out.append((result, dispatch))
-                self.opened(rows, list(held.values()), at, context)
-                rows.write_many([(r, h in reindex) for h, r in held.items()], at)
+            for make_first in (False, True):
+                done: list[tuple[TriggerResult, Dispatch | None]] = []
+                with rows.atomic():
+                    at = rows.clock(now)
+                    if make_first:  # a row of the batch was made meanwhile: every row first
+                        rows.create(list(keys.items()), task_name, cfg.overlap)
+                    held = rows.lock_many(list(keys), {task_name: cfg})
+                    for hashed, key in keys.items():
+                        if hashed not in held:
+                            held[hashed] = rows.blank(hashed, key, task_name, cfg)
+                    self.settle(rows, list(held.values()), at, mode="trigger")
+                    reindex: set[str] = set()
+                    for _key, hashed, payload_json in chunk:
+                        result, dispatch, merge = self._apply_trigger(
+                            held[hashed], at, json.loads(payload_json)
+                        )
+                        if not merge:
+                            reindex.add(hashed)
+                        done.append((result, dispatch))
+                    self.opened(rows, list(held.values()), at, context)
+                    written = rows.write_many([(r, h in reindex) for h, r in held.items()], at)
+                    if not written:
+                        transaction.set_rollback(True, using=rows.alias)
+                if written:
+                    break
+            out += done
             self.after_commit(list(held.values()))
         return out
 

@@ -122,7 +122,7 @@ def _insert_text(cols: tuple[str, ...]) -> str:
     return (
         f"INSERT INTO {KEY} ({', '.join(q(c) for c in cols)}) "
         f"VALUES ({', '.join(['%s'] * len(cols))}) "
-        f"ON CONFLICT ({q('key_hash')}) DO NOTHING RETURNING {q('id')}"
+        f"ON CONFLICT ({q('key_hash')}) DO NOTHING"
     )
 
 
@@ -189,6 +189,19 @@ class Record:
     ended: list[tuple[int, str, str]] = field(default_factory=list)  # (run_id, outcome, error)
     extra: dict[str, Any] = field(default_factory=dict)  # what a store keeps for after the step
 
+    def state(self) -> str:
+        """The coarse ``state`` column of the record as it is now."""
+        k = self.key
+        return "running" if k.running_until is not None else "pending" if k.pending else "idle"
+
+    def snapshot(self) -> None:
+        """Take what the record holds now as what its row holds (its row was just made)."""
+        self.orig.update({attr: getattr(self.key, attr) for attr in FIELDS})
+        self.orig.update(
+            state=self.state(), counter_id=self.counter_id, counter_until=self.counter_until
+        )
+        self.last_outcome = None
+
     def changes(self) -> dict[str, Any]:
         """The columns to write: the state that changed, the coarse ``state``, the counter
         fence, and ``last_outcome`` when set."""
@@ -198,7 +211,7 @@ class Record:
             value = getattr(k, attr)
             if value != self.orig[attr] or type(value) is not type(self.orig[attr]):
                 out[col] = to_dt(value) if attr in TIMES else value
-        state = "running" if k.running_until is not None else "pending" if k.pending else "idle"
+        state = self.state()
         if state != self.orig["state"]:
             out["state"] = state
         if self.counter_id != self.orig["counter_id"]:
@@ -480,9 +493,8 @@ class Rows:
                 cursor.execute(text, params)
         return True
 
-    def _insert(self, cursor: Any, record: Record, now: int, reindex: bool) -> bool:
-        """``write`` of a ``blank`` record: its row, with its due entry (on PostgreSQL in
-        the same statement)."""
+    def _new_row(self, record: Record, now: int) -> dict[str, Any]:
+        """The columns of a ``blank`` record's row, prepared."""
         k = record.key
         assert not record.new_runs and not record.ended, "a new row claims no run"
         stamp = self._prep("created_at", datetime.now(UTC))
@@ -497,7 +509,14 @@ class Rows:
         changes = record.changes()
         changes["updated_at"] = to_dt(now)
         values.update({c: self._prep(c, v) for c, v in changes.items()})
-        text, params = _insert_text(tuple(values)), list(values.values())
+        return values
+
+    def _insert(self, cursor: Any, record: Record, now: int, reindex: bool) -> bool:
+        """``write`` of a ``blank`` record: its row, with its due entry (on PostgreSQL in
+        the same statement)."""
+        k = record.key
+        values = self._new_row(record, now)
+        text, params = _insert_text(tuple(values)) + f" RETURNING {q('id')}", list(values.values())
         due = None
         if reindex and k.entry is not None:
             due = [record.key_hash, record.task_name, self._prep("due_at", to_dt(k.entry))]
@@ -514,19 +533,33 @@ class Rows:
         record.entry = k.entry
         return True
 
-    def write_many(self, records: Sequence[tuple[Record, bool]], now: int) -> None:
-        """``write`` of many records that have their rows (``(record, reindex)`` pairs): the
-        same statements, each text sent once for all its rows (``executemany``, one round
-        trip on PostgreSQL)."""
+    def write_many(self, records: Sequence[tuple[Record, bool]], now: int) -> bool:
+        """``write`` of many records (``(record, reindex)`` pairs): the same statements, each
+        text sent once for all its rows (``executemany``, one round trip on PostgreSQL); the
+        rows of ``blank`` records are made first. Returns ``False`` when one of those rows was
+        made meanwhile by another transaction: the caller rolls the transaction back and
+        takes the steps again on the rows as they are (the others' writes then never
+        happened)."""
         groups: dict[tuple[int, str], list[list]] = {}
+        made = 0
         for record, reindex in records:
-            assert record.pk is not None, "write_many() writes rows that exist"
             self._lost(record)
+            if record.pk is None:
+                values = self._new_row(record, now)
+                groups.setdefault((-1, _insert_text(tuple(values))), []).append(
+                    list(values.values())
+                )
+                made += 1
+                record.pk = -1  # no step of this batch claims a run: the id is never read
+                record.snapshot()
             for order, text, params in self._steps(record, now, reindex):
                 groups.setdefault((order, text), []).append(params)
         with connections[self.alias].cursor() as cursor:
-            for (_order, text), many in sorted(groups.items(), key=lambda g: g[0][0]):
+            for (order, text), many in sorted(groups.items(), key=lambda g: g[0][0]):
                 if len(many) == 1:
                     cursor.execute(text, many[0])
                 else:
                     cursor.executemany(text, many)
+                if order == -1:
+                    made -= cursor.rowcount
+        return made == 0
