@@ -879,15 +879,12 @@ def deferring_alias(using: str | None) -> str | None:
 
 
 class _CommitBatch:
-    """The triggers of one thread waiting for one commit of one database (docs/guide/imports.md).
-
-    Each deferred trigger registers a callback of its own (``_Waiting``), so a savepoint that
-    rolls back drops it as Django drops any callback registered inside it; the batch keeps
-    only weak references to them, so a dropped one is gone from the batch too. At the commit
-    the first callback to run sends every trigger whose callback is still alive, one
-    ``trigger_many`` per task and store; the others find the batch sent. So the batch is
-    out before any callback registered after the transaction's first trigger runs (a user's
-    callback that calls ``flush()`` or ``status()`` sees it)."""
+    """The triggers of one thread waiting for one commit of one database. Each registers a
+    callback of its own, so a savepoint that rolls back drops it as Django drops any callback
+    made inside it; the batch holds them by weak reference, so a dropped one is left out.
+    The first callback to run at the commit sends the batch, one ``trigger_many`` per task
+    (and run of equal per-call options): callbacks registered after the transaction's first
+    trigger find it sent (docs/guide/imports.md)."""
 
     def __init__(self) -> None:
         self.entries: list[tuple[Any, DebouncedTask, list[Any], FlightOptions | None]] = []
@@ -897,38 +894,26 @@ class _CommitBatch:
         if self.sent:
             return
         self.sent = True
-        runs: dict[str, list[list[Any]]] = {}  # per task, its triggers in order, split where
-        for ref, task, resolved, options in self.entries:  # the per-call options change
+        runs: list[list[Any]] = []
+        last: dict[str, list[Any]] = {}  # each task's triggers stay in order
+        for ref, task, resolved, options in self.entries:
             if ref() is None:
                 continue  # dropped by a savepoint rollback
-            task_runs = runs.setdefault(task.name, [])
-            if task_runs and task_runs[-1][2] == options:
-                task_runs[-1][0].extend(resolved)
-            else:
-                task_runs.append([list(resolved), task, options])
+            run = last.get(task.name)
+            if run is None or run[2] != options:
+                run = last[task.name] = [[], task, options]
+                runs.append(run)
+            run[0].extend(resolved)
         self.entries = []
         failed: BaseException | None = None
-        for task_runs in runs.values():
-            for resolved, task, options in task_runs:
-                try:
-                    task._trigger_batch(resolved, options)
-                except Exception as exc:  # the other tasks' triggers still go out
-                    logger.exception("django_debounce: triggers of %s at commit failed", task.name)
-                    failed = failed or exc
+        for resolved, task, options in runs:
+            try:
+                task._trigger_batch(resolved, options)
+            except Exception as exc:  # the other tasks' triggers still go out
+                logger.exception("django_debounce: triggers of %s at commit failed", task.name)
+                failed = failed or exc
         if failed is not None:
             raise failed
-
-
-class _Waiting:
-    """The ``on_commit`` callback of one deferred trigger (see ``_CommitBatch``)."""
-
-    __slots__ = ("__weakref__", "batch")
-
-    def __init__(self, batch: _CommitBatch) -> None:
-        self.batch = batch
-
-    def __call__(self) -> None:
-        self.batch.send()
 
 
 _batches = threading.local()
@@ -945,7 +930,7 @@ def _defer(
     batch = open_.get(alias)
     if batch is None or batch.sent:
         batch = open_[alias] = _CommitBatch()
-    waiting = _Waiting(batch)
+    waiting = partial(batch.send)
     batch.entries.append((weakref.ref(waiting), task, resolved, options))
     # robust: a failure is logged by Django and the caller's later callbacks still run
     transaction.on_commit(waiting, using=alias, robust=True)
