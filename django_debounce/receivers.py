@@ -21,7 +21,7 @@ from django.db.models.signals import m2m_changed, post_delete, post_save, pre_de
 from django.dispatch import Signal
 from django.utils.inspect import func_accepts_kwargs
 
-from django_debounce.keys import check_size, check_text, dumps
+from django_debounce.keys import check_size, check_text, dumps, key_hash
 from django_debounce.options import DebounceOptions, check_not_async, task_base
 from django_debounce.state import RunInfo
 from django_debounce.tasks import DebouncedTask
@@ -111,6 +111,7 @@ class DebouncedReceiverTask(DebouncedTask):
 
     debounce_signals: tuple[Signal, ...] = ()
     debounce_call_missing: bool = False
+    debounce_raw: bool = False
     debounce_handler: Callable[..., Any] | None = None
     debounce_sender: Any = None
 
@@ -271,8 +272,43 @@ class DebouncedReceiverTask(DebouncedTask):
             return f"{payload['sender'] or 'signal'}"
         return f"{payload['model']}:{payload['pk']}"
 
+    def before_send(
+        self, resolved: list[tuple[str, Any, str | None]]
+    ) -> list[tuple[str, Any, str | None]]:
+        """With ``raw=True``, a raw save's trigger goes to the store as a real one (``raw``
+        false) when an earlier trigger of its key in ``resolved``, or the key's pending
+        flight, was a real save: a run is handed ``raw=True`` only if every trigger it
+        covers was raw. One query for the batch's raw keys."""
+        if not self.debounce_raw or self.debounce_collect:
+            return resolved
+        raw = {key: key_hash(self.name, key) for key, p, _ in resolved if _raw(p)}
+        if not raw:
+            return resolved
+        from django_debounce.models import DebounceKey  # see DebouncedTask._status
+
+        real = {
+            hashed
+            for hashed, stored in DebounceKey.objects.using(router.db_for_write(DebounceKey))
+            .filter(key_hash__in=list(raw.values()), pending__gt=0)
+            .values_list("key_hash", "payload")
+            if not _raw(self.unpack(stored))
+        }
+        out = []
+        for key, payload, stored in resolved:
+            hashed = raw.get(key) or key_hash(self.name, key)
+            if not _raw(payload):
+                real.add(hashed)
+            elif hashed in real:
+                payload = {**payload, "kwargs": {**payload["kwargs"], "raw": False}}
+                stored = dumps(self.pack(payload))
+            out.append((key, payload, stored))
+        return out
+
     def on_signal(self, signal: Signal, sender: Any, **kwargs: Any) -> None:
-        """Web side: one trigger per signal, deferred to the commit of the writing database."""
+        """Web side: one trigger per signal, deferred to the commit of the writing database.
+        A raw save (``loaddata``) is left out unless the receiver has ``raw=True``."""
+        if kwargs.get("raw") and not self.debounce_raw:
+            return
         instance = kwargs.get("instance")
         index = self.debounce_signals.index(signal) if signal in self.debounce_signals else None
         payload = {
@@ -296,6 +332,11 @@ class DebouncedReceiverTask(DebouncedTask):
         key = self.key_for(payload)
         check_text(key, "key")
         self.trigger_payload(key, payload, using=kwargs.get("using"), payload_json=stored)
+
+
+def _raw(payload: Any) -> bool:
+    """Whether a receiver's row payload is a raw save's."""
+    return bool(isinstance(payload, dict) and (payload.get("kwargs") or {}).get("raw"))
 
 
 def _receiver_body(
@@ -396,6 +437,7 @@ def debounced_receiver(
     *,
     sender: Any = None,
     call_missing: bool = False,
+    raw: bool = False,
     **options: Any,
 ) -> Callable[[F], Any]:
     """Connect a handler to ``signal`` so it runs in a Celery worker once per burst per row.
@@ -416,11 +458,14 @@ def debounced_receiver(
     ``collect_limit``, ``lease``, ``on_commit``, ``backend``) and any Celery task option
     except ``bind=True``. Returns the task (use it with ``trigger_many`` after bulk writes,
     or ``.flush(instance)``). Triggers made in a transaction count when it commits
-    (``on_commit``). Raises ``ImproperlyConfigured`` for invalid options, ``TypeError`` for
-    unknown ones and for a handler that does not take ``**kwargs``.
+    (``on_commit``), all of that commit's in one batch. Raw saves (``loaddata``, a
+    ``pre_save``/``post_save`` with ``raw=True``) trigger nothing unless ``raw=True``; then
+    a run gets ``raw=True`` only when every trigger it covers was raw.
+    Raises ``ImproperlyConfigured`` for invalid options, ``TypeError`` for unknown ones and
+    for a handler that does not take ``**kwargs``.
     """
     debounce, celery_options = DebounceOptions.split_with_routing(
-        options, extra=("sender", "call_missing")
+        options, extra=("sender", "call_missing", "raw")
     )
     if celery_options.get("bind"):
         raise ImproperlyConfigured(
@@ -451,6 +496,7 @@ def debounced_receiver(
             **debounce.task_attributes(),
             debounce_signals=signals,
             debounce_call_missing=call_missing,
+            debounce_raw=bool(raw),
             debounce_handler=staticmethod(handler),
             debounce_sender=sender,
             **celery_options,

@@ -11,8 +11,10 @@ import dataclasses
 import inspect
 import logging
 import os
+import threading
 import time
 import traceback
+import weakref
 from collections.abc import Callable
 from functools import partial
 from typing import Any, ClassVar
@@ -418,14 +420,11 @@ class DebouncedTask(Task):
             on_commit = bool(conf.get("ON_COMMIT"))
         alias = deferring_alias(using) if on_commit else None
         if alias is not None:
-            transaction.on_commit(
-                partial(
-                    self._trigger_now, key, payload, payload_json, deferred=True, options=options
-                ),
-                using=alias,
-            )
+            _defer(alias, self, [(key, payload, payload_json)], options)
             return TriggerResult(key, None, None, None, scheduled=False, deferred=True)
-        return self._trigger_now(key, payload, payload_json, options=options)
+        result = self._trigger_now(key, payload, payload_json, options=options)
+        observe.triggered(self, result)
+        return result
 
     def _trigger_now(
         self,
@@ -433,10 +432,10 @@ class DebouncedTask(Task):
         payload: Any,
         payload_json: str | None = None,
         *,
-        deferred: bool = False,
         options: FlightOptions | None = None,
     ) -> TriggerResult:
         backend = self.get_backend()
+        ((key, payload, payload_json),) = self.before_send([(key, payload, payload_json)])
         result, dispatch = backend.trigger(
             task_name=self.name,
             key=key,
@@ -449,8 +448,14 @@ class DebouncedTask(Task):
             # back in the due index (the pump publishes it once the broker is back).
             if not publish_or_release(self, backend, dispatch):
                 result = _unpublished(result)
-        observe.triggered(self, result)
         return result
+
+    def before_send(
+        self, resolved: list[tuple[str, Any, str | None]]
+    ) -> list[tuple[str, Any, str | None]]:
+        """The triggers ``(key, payload, stored JSON)`` as they go to the store, in order (a
+        receiver's raw saves, see ``DebouncedReceiverTask.before_send``)."""
+        return resolved
 
     def trigger_resolved(
         self, resolved: list[tuple[str, Any, str | None]], *, using: str | None = None
@@ -467,7 +472,7 @@ class DebouncedTask(Task):
             using = self.alias_of(resolved[0][1])
         alias = deferring_alias(using) if on_commit else None
         if alias is not None:
-            transaction.on_commit(partial(self._trigger_batch, resolved), using=alias)
+            _defer(alias, self, resolved, None)
             return [
                 TriggerResult(key, None, None, None, scheduled=False, deferred=True)
                 for key, _, _ in resolved
@@ -476,9 +481,12 @@ class DebouncedTask(Task):
 
     BATCH = 1000
 
-    def _trigger_batch(self, resolved: list[tuple[str, Any, str | None]]) -> list[TriggerResult]:
+    def _trigger_batch(
+        self, resolved: list[tuple[str, Any, str | None]], options: FlightOptions | None = None
+    ) -> list[TriggerResult]:
         backend = self.get_backend()
-        options = self.flight_options()
+        options = options or self.flight_options()
+        resolved = self.before_send(resolved)
         out: list[TriggerResult] = []
         for start in range(0, len(resolved), self.BATCH):
             chunk = resolved[start : start + self.BATCH]
@@ -868,6 +876,64 @@ def deferring_alias(using: str | None) -> str | None:
         if alias != DEFAULT_DB_ALIAS and connections[alias].in_atomic_block:
             return str(alias)
     return None
+
+
+class _CommitBatch:
+    """The triggers of one thread waiting for one commit of one database. Each registers a
+    callback of its own, so a savepoint that rolls back drops it as Django drops any callback
+    made inside it; the batch holds them by weak reference, so a dropped one is left out.
+    The first callback to run at the commit sends the batch, one ``trigger_many`` per task
+    (and run of equal per-call options): callbacks registered after the transaction's first
+    trigger find it sent (docs/guide/imports.md)."""
+
+    def __init__(self) -> None:
+        self.entries: list[tuple[Any, DebouncedTask, list[Any], FlightOptions | None]] = []
+        self.sent = False
+
+    def send(self) -> None:
+        if self.sent:
+            return
+        self.sent = True
+        runs: list[list[Any]] = []
+        last: dict[str, list[Any]] = {}  # each task's triggers stay in order
+        for ref, task, resolved, options in self.entries:
+            if ref() is None:
+                continue  # dropped by a savepoint rollback
+            run = last.get(task.name)
+            if run is None or run[2] != options:
+                run = last[task.name] = [[], task, options]
+                runs.append(run)
+            run[0].extend(resolved)
+        self.entries = []
+        failed: BaseException | None = None
+        for resolved, task, options in runs:
+            try:
+                task._trigger_batch(resolved, options)
+            except Exception as exc:  # the other tasks' triggers still go out
+                logger.exception("django_debounce: triggers of %s at commit failed", task.name)
+                failed = failed or exc
+        if failed is not None:
+            raise failed
+
+
+_batches = threading.local()
+
+
+def _defer(
+    alias: str,
+    task: DebouncedTask,
+    resolved: list[tuple[str, Any, str | None]],
+    options: FlightOptions | None,
+) -> None:
+    """Count ``resolved`` when ``alias``'s transaction commits, in that commit's batch."""
+    open_ = _batches.__dict__.setdefault("by_alias", {})
+    batch = open_.get(alias)
+    if batch is None or batch.sent:
+        batch = open_[alias] = _CommitBatch()
+    waiting = partial(batch.send)
+    batch.entries.append((weakref.ref(waiting), task, resolved, options))
+    # robust: a failure is logged by Django and the caller's later callbacks still run
+    transaction.on_commit(waiting, using=alias, robust=True)
 
 
 # The registered debounced task called ``name`` (``UnknownTask`` otherwise): ``registry.get``,

@@ -13,8 +13,9 @@ from contextlib import contextmanager
 from typing import Any
 
 from celery.app.routes import MapRoute
+from django.db.models.signals import post_save
 
-from django_debounce import RunInfo, debounced_task
+from django_debounce import RunInfo, debounced_receiver, debounced_task
 from tests.celery_app import app
 
 
@@ -43,4 +44,23 @@ def private_task(name: str, *, queue: str | None = None, **options: Any) -> Iter
     finally:
         if route is not None:
             routes.remove(route)
+        app.tasks.pop(name, None)
+
+
+@contextmanager
+def private_receiver(name: str, sender: Any, **options: Any) -> Iterator[Any]:
+    """A debounced ``post_save`` receiver of ``sender`` in this process only, whose handler
+    appends its keywords to the task's ``calls``; disconnected on exit."""
+    calls: list[dict[str, Any]] = []
+
+    def handler(sender: Any, **kwargs: Any) -> None:
+        calls.append(kwargs)
+
+    handler.__name__ = handler.__qualname__ = name.rsplit(".", 1)[-1]
+    task = debounced_receiver(post_save, sender=sender, name=name, **options)(handler)
+    task.calls = calls
+    try:
+        yield task
+    finally:
+        post_save.disconnect(sender=sender, dispatch_uid=f"django_debounce:{name}")
         app.tasks.pop(name, None)
