@@ -194,14 +194,6 @@ class Record:
         k = self.key
         return "running" if k.running_until is not None else "pending" if k.pending else "idle"
 
-    def snapshot(self) -> None:
-        """Take what the record holds now as what its row holds (its row was just made)."""
-        self.orig.update({attr: getattr(self.key, attr) for attr in FIELDS})
-        self.orig.update(
-            state=self.state(), counter_id=self.counter_id, counter_until=self.counter_until
-        )
-        self.last_outcome = None
-
     def changes(self) -> dict[str, Any]:
         """The columns to write: the state that changed, the coarse ``state``, the counter
         fence, and ``last_outcome`` when set."""
@@ -494,21 +486,28 @@ class Rows:
         return True
 
     def _new_row(self, record: Record, now: int) -> dict[str, Any]:
-        """The columns of a ``blank`` record's row, prepared."""
+        """Every column of a ``blank`` record's row after its step, prepared (one column set
+        for every new row)."""
         k = record.key
         assert not record.new_runs and not record.ended, "a new row claims no run"
-        stamp = self._prep("created_at", datetime.now(UTC))
-        values = dict(
-            zip(
-                NEW_COLUMNS,
-                [record.key_hash, record.key_text, record.task_name, k.cfg.overlap, stamp, stamp]
-                + [self._prep(c, v) for c, v in zip(NEW_COLUMNS[6:], NEW_DEFAULTS, strict=True)],
-                strict=True,
-            )
+        values = {
+            "key_hash": record.key_hash,
+            "key": record.key_text,
+            "task_name": record.task_name,
+            "overlap": k.cfg.overlap,
+            "created_at": self._prep("created_at", datetime.now(UTC)),
+            "updated_at": self._prep("updated_at", to_dt(now)),
+        }
+        values.update(
+            (c, self._prep(c, v)) for c, v in zip(NEW_COLUMNS[6:], NEW_DEFAULTS, strict=True)
         )
-        changes = record.changes()
-        changes["updated_at"] = to_dt(now)
-        values.update({c: self._prep(c, v) for c, v in changes.items()})
+        for attr, col in FIELDS.items():
+            value = getattr(k, attr)
+            values[col] = self._prep(col, to_dt(value) if attr in TIMES else value)
+        values["state"] = record.state()
+        values["counter_id"] = record.counter_id
+        values["counter_until"] = self._prep("counter_until", to_dt(record.counter_until))
+        values["last_outcome"] = record.last_outcome or ""
         return values
 
     def _insert(self, cursor: Any, record: Record, now: int, reindex: bool) -> bool:
@@ -546,12 +545,15 @@ class Rows:
             self._lost(record)
             if record.pk is None:
                 values = self._new_row(record, now)
-                groups.setdefault((-1, _insert_text(tuple(values))), []).append(
-                    list(values.values())
-                )
+                text = _insert_text(tuple(values))
+                groups.setdefault((-1, text), []).append(list(values.values()))
                 made += 1
-                record.pk = -1  # no step of this batch claims a run: the id is never read
-                record.snapshot()
+                k = record.key
+                if reindex and k.entry is not None:
+                    due = [record.key_hash, record.task_name, self._prep("due_at", to_dt(k.entry))]
+                    groups.setdefault((1, UPSERT_DUE), []).append(due)
+                record.entry = k.entry
+                continue
             for order, text, params in self._steps(record, now, reindex):
                 groups.setdefault((order, text), []).append(params)
         with connections[self.alias].cursor() as cursor:
