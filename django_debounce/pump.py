@@ -144,12 +144,15 @@ class Pump:
         options: dict[str, FlightOptions] = {
             name: task.flight_options() for name, task in tasks.items()
         }
+        # a queue near its cap waits until a quarter of the cap (or a batch) is free: topping it
+        # up a few messages at a time costs a take and a depth read per few runs
+        least = min(batch, max(int(conf.get("PUMP_QUEUE_CAP")) // 4, 1))
         while True:
             room = self._room(next(iter(tasks.values())), queue)
             limit = batch if room is None else min(batch, room)
-            if limit <= 0:
+            if limit < least:
                 capped.add(str(queue))
-                return min(interval, 0.5)
+                return min(interval, 0.25)
             taken = backend.take(options, limit)
             self._publish(backend, tasks, taken.dispatches)
             with stats.lock:
