@@ -47,15 +47,6 @@ DEFAULTS: dict[str, Any] = {
     "MAX_BATCH_PAYLOAD": 4194304,
 }
 
-# Settings that no longer do anything, and what replaced them (system check W005).
-DEPRECATED: dict[str, str] = {
-    "REDIS_IDLE_TTL": "Redis holds only counters of open flights now, each with an expiry of "
-    'its own (docs/design.md, "One record per key"); remove the setting',
-    "DATABASE_PREPARE": "the database store sends its statements through Django's cursor; "
-    "remove the setting",
-}
-
-
 _cache: dict[str, Any] = {}
 generation = 0  # bumped by every change of a DEBOUNCE_ setting (caches elsewhere key on it)
 
