@@ -1,8 +1,7 @@
 """System checks: ``django_debounce.E001`` (backend path), ``E002`` (a setting of the wrong
 kind), ``W001`` (cache without atomic scripts), ``W002`` (SQLite without an immediate
 transaction mode), ``W003`` (an unknown ``DEBOUNCE_`` setting, likely misspelt), ``W004``
-(the auto store's cache alias is not in ``CACHES``), ``W005`` (a setting that no longer does
-anything)."""
+(the auto store's cache alias is not in ``CACHES``)."""
 
 from __future__ import annotations
 
@@ -115,9 +114,8 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
         for name, message in conf.problems()
     ]
     known = {f"DEBOUNCE_{name}" for name in conf.DEFAULTS}
-    gone = {f"DEBOUNCE_{name}" for name in conf.DEPRECATED}
     for name in dir(settings):
-        if name.startswith("DEBOUNCE_") and name not in known and name not in gone:
+        if name.startswith("DEBOUNCE_") and name not in known:
             close = difflib.get_close_matches(name, sorted(known), n=1)
             out.append(
                 checks.Warning(
@@ -128,17 +126,3 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
                 )
             )
     return out
-
-
-@checks.register()
-def check_deprecated(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    """W005 for a ``DEBOUNCE_`` setting that no longer does anything (``conf.DEPRECATED``)."""
-    return [
-        checks.Warning(
-            f"DEBOUNCE_{name} no longer does anything: {why}.",
-            obj=f"DEBOUNCE_{name}",
-            id="django_debounce.W005",
-        )
-        for name, why in conf.DEPRECATED.items()
-        if hasattr(settings, f"DEBOUNCE_{name}")
-    ]

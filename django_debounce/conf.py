@@ -47,15 +47,6 @@ DEFAULTS: dict[str, Any] = {
     "MAX_BATCH_PAYLOAD": 4194304,
 }
 
-# Settings that no longer do anything, and what replaced them (system check W005).
-DEPRECATED: dict[str, str] = {
-    "REDIS_IDLE_TTL": "Redis holds only counters of open flights now, each with an expiry of "
-    'its own (docs/design.md, "One record per key"); remove the setting',
-    "DATABASE_PREPARE": "the database store sends its statements through Django's cursor; "
-    "remove the setting",
-}
-
-
 _cache: dict[str, Any] = {}
 generation = 0  # bumped by every change of a DEBOUNCE_ setting (caches elsewhere key on it)
 
@@ -115,24 +106,17 @@ def seconds(value: Any, *, name: str, allow_none: bool = False) -> float | None:
     return float(value)
 
 
-# Settings that are durations in seconds, and whether None is allowed.
-DURATIONS: dict[str, bool] = {
-    "DEFAULT_WAIT": False,
-    "LEASE": False,
-    "DISPATCH_GRACE": False,
-    "PUMP_INTERVAL": False,
-}
+# Settings that are durations in seconds, and switches.
+DURATIONS = ("DEFAULT_WAIT", "LEASE", "DISPATCH_GRACE", "PUMP_INTERVAL")
 BOOLEANS = ("ON_COMMIT", "ENABLED", "ADMIN_ENABLED", "PUMP")
-OPTIONAL_BOOLEANS: tuple[str, ...] = ()
 
 
 def seconds_of(name: str) -> float:
-    """The duration setting ``DEBOUNCE_<name>`` in seconds (0.0 for an allowed ``None``).
+    """The duration setting ``DEBOUNCE_<name>`` in seconds.
 
     Raises ``ImproperlyConfigured`` naming the setting and the accepted forms.
     """
-    value = seconds(get(name), name=f"DEBOUNCE_{name}", allow_none=DURATIONS.get(name, False))
-    return value or 0.0
+    return seconds(get(name), name=f"DEBOUNCE_{name}") or 0.0
 
 
 def problems() -> list[tuple[str, str]]:
@@ -148,8 +132,6 @@ def problems() -> list[tuple[str, str]]:
         out.append(("DEBOUNCE_LEASE", "DEBOUNCE_LEASE must be more than 0 seconds."))
     for name in BOOLEANS:
         value = get(name)
-        if value is None and name in OPTIONAL_BOOLEANS:
-            continue
         if not isinstance(value, bool):
             out.append(
                 (

@@ -12,14 +12,6 @@ class StoreUnavailable(DebounceError):
     flight it would drop); nothing was changed, and the same call can be made again later."""
 
 
-class PublishError(DebounceError):
-    """A dispatch message could not be published to the broker.
-
-    The trigger that caused it was undone (docs/design.md, invariant I8): retrying the
-    trigger once the broker is reachable is safe and publishes afresh.
-    """
-
-
 class UnknownTask(DebounceError):
     """A task name read from the database is not a registered debounced task.
 

@@ -66,8 +66,6 @@ class LeaseKeeper:
         self._stop = threading.Event()
         self.thread: threading.Thread | None = None
         self.tracked: dict[str, _Tracked] = {}
-        self.extended = 0
-        self.terminated = 0
         self.unstoppable: set[str] = set()  # requests it could not stop (logged once each)
 
     def live(self) -> list[tuple[Any, Any, Any]]:
@@ -148,7 +146,6 @@ class LeaseKeeper:
                 if end is not None:
                     tracked.deadline = asked + end
                     tracked.claimed = True
-                    self.extended += 1
                 elif failed:
                     if answered >= tracked.deadline - _margin(tracked):
                         self._stop_run(request, task, message, UNRENEWED)
@@ -221,7 +218,6 @@ class LeaseKeeper:
             pid,
             why,
         )
-        self.terminated += 1
         self.tracked.pop(request.id, None)
 
     def run(self) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from django.db import models
 from django.utils.translation import gettext_lazy as _
@@ -44,14 +44,6 @@ class DebounceKeyQuerySet(models.QuerySet):
         """Keys whose live run's lease ran out before ``now``: the run counts as lost and
         recovery redoes it (as recorded in the row; for the Redis store, its mirror)."""
         return self.filter(running_until__lt=now)
-
-    def dispatch_overdue(self, now: datetime, grace: float) -> DebounceKeyQuerySet:
-        """Keys with pending triggers and no live run whose dispatch message is missing or
-        overdue by more than ``grace`` seconds: recovery publishes a new one."""
-        waiting = self.filter(pending__gt=0, running_until__isnull=True)
-        return waiting.filter(
-            models.Q(scheduled=False) | models.Q(scheduled_at__lt=now - timedelta(seconds=grace))
-        )
 
     def delete_stale(
         self, cutoff: datetime, *, batch_size: int = 1000, dry_run: bool = False

@@ -9,14 +9,6 @@ from datetime import datetime
 from typing import Any
 
 
-class KeyState(enum.StrEnum):
-    """Coarse state of a key, as shown in the admin."""
-
-    IDLE = "idle"
-    PENDING = "pending"
-    RUNNING = "running"
-
-
 @dataclass(frozen=True)
 class FlightOptions:
     """A debounced task's configuration as the stores need it (durations in seconds).

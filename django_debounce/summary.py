@@ -35,7 +35,6 @@ from django_debounce.summary_sql import (
     offset_percentiles,
     percentile_positions,
     sqlite_bucket_counts,
-    window_percentiles,
 )
 
 __all__ = ["PERIODS", "Summary", "TaskSummary", "percentile_positions", "summarize"]
@@ -50,7 +49,7 @@ PERIODS: dict[str, tuple[timedelta, timedelta]] = {
 DEFAULT_PERIOD = "24h"
 FRACTIONS = (0.5, 0.95)
 PER_PAGE = 50
-METHODS = ("auto", "sql", "offset", "window")
+METHODS = ("auto", "sql", "offset")
 # Runs whose triggers a later run covers again: counted apart, never as runs out.
 REDONE = (DebounceRun.Outcome.LOST, DebounceRun.Outcome.RETRY)
 
@@ -112,9 +111,9 @@ def summarize(
     """Aggregate the runs that started in the last ``period`` (a key of ``PERIODS``), per task.
 
     ``page`` (1-based) selects ``per_page`` tasks, most triggers first. ``percentiles`` picks
-    how percentiles are computed: ``"auto"`` (``"sql"`` on PostgreSQL, ``"offset"`` on SQLite,
-    ``"window"`` elsewhere), ``"sql"`` (``percentile_cont``, PostgreSQL only), ``"offset"`` or
-    ``"window"`` (see ``summary_sql``). ``now`` (aware) ends the period (default: now).
+    how percentiles are computed: ``"auto"`` (``"sql"`` on PostgreSQL, ``"offset"`` on SQLite),
+    ``"sql"`` (``percentile_cont``, PostgreSQL only) or ``"offset"`` (see ``summary_sql``).
+    ``now`` (aware) ends the period (default: now).
     Returns a ``Summary``. Raises ``ValueError`` for an unknown period or method.
     """
     if period not in PERIODS:
@@ -125,7 +124,7 @@ def summarize(
     vendor = connections[alias].vendor
     method = percentiles
     if method == "auto":
-        method = {"postgresql": "sql", "sqlite": "offset"}.get(vendor, "window")
+        method = "sql" if vendor == "postgresql" else "offset"
     length, width = PERIODS[period]
     until = now or dbtime.now()
     since = until - length
@@ -152,7 +151,7 @@ def summarize(
     page = min(max(page, 1), pages)
     shown = summaries[(page - 1) * per_page : page * per_page]
     if method != "sql":  # query 2
-        _fill_percentiles(shown, method, runs.filter(counted), alias, since, until)
+        _fill_percentiles(shown, alias, since, until)
     n_buckets = int(length / width)
     starts = [since + width * i for i in range(n_buckets)]
     totals = TaskSummary(
@@ -215,20 +214,12 @@ def _per_task(runs: Any, alias: str, aggregates: dict[str, Any]) -> list[TaskSum
 
 
 def _fill_percentiles(
-    shown: list[TaskSummary],
-    method: str,
-    counted_runs: Any,
-    alias: str,
-    since: datetime,
-    until: datetime,
+    shown: list[TaskSummary], alias: str, since: datetime, until: datetime
 ) -> None:
-    """Set the median and 95th percentile delay of the ``shown`` tasks by ``method``
-    (``"window"`` or ``"offset"``; ``"sql"`` computed them in query 1)."""
+    """Set the median and 95th percentile delay of the ``shown`` tasks by ``offset_percentiles``
+    (``"sql"`` computed them in query 1)."""
     counts = {s.task_name: s.runs for s in shown}
-    if method == "window":
-        found = window_percentiles(counted_runs, alias, counts, FRACTIONS)
-    else:
-        found = offset_percentiles(alias, since, until, counts, FRACTIONS)
+    found = offset_percentiles(alias, since, until, counts, FRACTIONS)
     for s in shown:
         s.median_delay = found.get(s.task_name, {}).get(0.5)
         s.p95_delay = found.get(s.task_name, {}).get(0.95)
@@ -244,8 +235,7 @@ def _fill_buckets(
     width: Any,
 ) -> None:
     """Triggers and runs per time bucket, of all tasks (``totals``) and of each ``shown``
-    task (query 3; two statements on SQLite; none on a database without a bucket function,
-    which then has no charts)."""
+    task (query 3; two statements on SQLite)."""
     n_buckets = len(starts)
     totals.bucket_triggers, totals.bucket_runs = [0] * n_buckets, [0] * n_buckets
     by_name = {s.task_name: s for s in shown}
@@ -261,16 +251,13 @@ def _fill_buckets(
                 by_name[name].bucket_triggers[b] = n_triggers
         return
     since = starts[0]
-    try:
-        buckets = list(
-            counted_runs.order_by()
-            .annotate(b=Bucket("started_at", int(since.timestamp()), int(width.total_seconds())))
-            .values("task_name", "b")
-            .annotate(n_runs=Count("started_at"), n_triggers=Sum("triggers"))
-            .values_list("task_name", "b", "n_runs", "n_triggers")
-        )
-    except NotImplementedError:  # another database: no charts
-        buckets = []
+    buckets = (
+        counted_runs.order_by()
+        .annotate(b=Bucket("started_at", int(since.timestamp()), int(width.total_seconds())))
+        .values("task_name", "b")
+        .annotate(n_runs=Count("started_at"), n_triggers=Sum("triggers"))
+        .values_list("task_name", "b", "n_runs", "n_triggers")
+    )
     for name, b, n_runs, n_triggers in buckets:
         b = int(b)
         if not 0 <= b < n_buckets:

@@ -9,13 +9,11 @@ Percentiles of the trigger-to-start delay, per task, interpolated as PostgreSQL'
 - SQLite: for each task and percentile, ``ORDER BY delay LIMIT 2 OFFSET k`` walking the
   SQLite-only index ``debounce_run_task_delay`` (task, delay, ...) from whichever end is
   nearer, so no sort and at most half a task's index entries per median (``offset_percentiles``);
-  all of them in one statement;
-- other databases (MySQL 8, ...): one window query that numbers each task's delays in order
-  and returns only the rows around each percentile (``window_percentiles``).
+  all of them in one statement.
 
 Time buckets: ``GROUP BY task, bucket`` with the bucket computed in SQL (``Bucket``) on
-PostgreSQL and MySQL; on SQLite, whose ``GROUP BY`` sorts every row, one count per bucket over
-the covering indexes (``sqlite_bucket_counts``).
+PostgreSQL; on SQLite, whose ``GROUP BY`` sorts every row, one count per bucket over the
+covering indexes (``sqlite_bucket_counts``).
 """
 
 from __future__ import annotations
@@ -27,8 +25,7 @@ from functools import partial
 from typing import Any
 
 from django.db import OperationalError, connections
-from django.db.models import Aggregate, F, FloatField, Func, IntegerField, QuerySet, Window
-from django.db.models.functions import RowNumber
+from django.db.models import Aggregate, FloatField, Func, IntegerField
 
 from django_debounce.dbtime import to_db
 from django_debounce.models import DebounceRun
@@ -65,8 +62,8 @@ class PercentileCont(Aggregate):
 
 
 class Bucket(Func):
-    """Index of the fixed-width time bucket a datetime falls in:
-    ``floor((epoch seconds - origin) / width)``, in SQL (PostgreSQL, SQLite, MySQL)."""
+    """Index of the fixed-width time bucket a datetime falls in, in PostgreSQL:
+    ``floor((epoch seconds - origin) / width)``."""
 
     output_field = IntegerField()
 
@@ -74,27 +71,11 @@ class Bucket(Func):
         super().__init__(expression)
         self.origin, self.width = int(origin), int(width)
 
-    def _compile(self, compiler: Any, connection: Any, epoch: str) -> tuple[str, list[Any]]:
-        sql, params = compiler.compile(self.source_expressions[0])
-        return epoch.format(sql), [*params, self.origin, self.width]
-
     def as_sql(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, list[Any]]:
-        raise NotImplementedError(f"time buckets are not implemented for {connection.vendor}")
-
-    def as_postgresql(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, Any]:
+        sql, params = compiler.compile(self.source_expressions[0])
         # date_part is double precision; EXTRACT is numeric since PostgreSQL 14, and slower.
-        return self._compile(
-            compiler, connection, "FLOOR((date_part('epoch', {}) - %s) / %s)::bigint"
-        )
-
-    def as_sqlite(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, Any]:
-        # Integer division of non-negative integers is floor division in SQLite.
-        return self._compile(
-            compiler, connection, "((CAST(strftime('%%s', {}) AS INTEGER) - %s) / %s)"
-        )
-
-    def as_mysql(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, Any]:
-        return self._compile(compiler, connection, "FLOOR((UNIX_TIMESTAMP({}) - %s) / %s)")
+        epoch = "FLOOR((date_part('epoch', {}) - %s) / %s)::bigint"
+        return epoch.format(sql), [*params, self.origin, self.width]
 
 
 def percentile_positions(n: int, fraction: float) -> tuple[int, int, float]:
@@ -108,53 +89,6 @@ def percentile_positions(n: int, fraction: float) -> tuple[int, int, float]:
 def _interpolate(values: Sequence[float], weight: float) -> float:
     low, high = min(values), max(values)
     return low + (high - low) * weight
-
-
-def window_percentiles(
-    runs: QuerySet, alias: str, counts: dict[str, int], fractions: Sequence[float]
-) -> dict[str, dict[float, float]]:
-    """Percentiles of ``delay`` per task with a window function, reading only the rows
-    around each percentile. ``counts`` is the number of runs of each wanted task in ``runs``.
-    Returns ``{task: {fraction: seconds}}``."""
-    wanted = {name: n for name, n in counts.items() if n}
-    if not wanted:
-        return {}
-    inner = (
-        runs.filter(task_name__in=list(wanted))
-        .annotate(
-            rn=Window(RowNumber(), partition_by=[F("task_name")], order_by=[F("delay").asc()])
-        )
-        .values("task_name", "delay", "rn")
-    )
-    sql, params = inner.query.get_compiler(using=alias).as_sql()
-    connection = connections[alias]
-    qn = connection.ops.quote_name
-    where, where_params = [], []
-    positions: list[tuple[str, float, int, int, float]] = []
-    for name, n in wanted.items():
-        rows: set[int] = set()
-        for fraction in fractions:
-            low, high, weight = percentile_positions(n, fraction)
-            positions.append((name, fraction, low, high, weight))
-            rows.update((low, high))
-        marks = ", ".join(["%s"] * len(rows))
-        where.append(f"({qn('task_name')} = %s AND {qn('rn')} IN ({marks}))")
-        where_params += [name, *sorted(rows)]
-    query = (
-        f"SELECT {qn('task_name')}, {qn('rn')}, {qn('delay')} FROM ({sql}) w "
-        f"WHERE {' OR '.join(where)}"
-    )
-    values: dict[tuple[str, int], float] = {}
-    with connection.cursor() as cursor:
-        cursor.execute(query, [*params, *where_params])
-        for name, rn, delay in cursor.fetchall():
-            values[(name, int(rn))] = float(delay)
-    out: dict[str, dict[float, float]] = {}
-    for name, fraction, low, high, weight in positions:
-        if (name, low) in values and (name, high) in values:  # else deleted meanwhile
-            pair = (values[(name, low)], values[(name, high)])
-            out.setdefault(name, {})[fraction] = _interpolate(pair, weight)
-    return out
 
 
 def offset_percentiles(

@@ -113,11 +113,53 @@ def unique_tag(request: pytest.FixtureRequest) -> str:
     return f"{request.node.name}-{time.monotonic_ns()}"
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+# Tests whose behaviour depends on the database (marked ``every_db``): the stores on their
+# own, the commands, the admin, and the worker tests of what SQLite makes special: pool
+# processes forked again while the worker's threads tick (a killed or time-limited child), and
+# several processes writing at once. The stores' real-time lodash cases with a worker and the
+# Redis fault table are the database's only through the rows every other test covers.
+EVERY_DB = (
+    "tests/stores/",
+    "tests/commands/",
+    "tests/admin/",
+    "tests/worker/test_give_up.py",
+    "tests/worker/test_recovery.py",
+    "tests/worker/test_invariants.py",
+)
+EVERY_DB_NOT = ("tests/stores/test_failover_properties.py",)
+# The smoke subset (marked ``smoke``): what differs between Python, Django and Celery
+# versions: the public API, the admin, the commands, the server-free tier, the stores' plain
+# steps and bad input, without worker processes; and one end-to-end run on a real worker.
+SMOKE = (
+    "tests/api/",
+    "tests/admin/",
+    "tests/commands/",
+    "tests/unit/",
+    "tests/stores/test_store_semantics.py",
+    "tests/stores/test_bad_input.py",
+)
+SMOKE_WITH_WORKER = ("tests/e2e/test_smoke.py",)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark every test that uses a real Celery worker (the ``worker`` fixture, the session's
-    worker, or a module marked so) as ``worker``: ``-m "not worker"`` is the smoke subset
-    that the extra legs of scripts/test run."""
+    worker, or a module marked so) as ``worker``, and the subsets scripts/test runs beside the
+    whole suite: ``every_db`` (on SQLite too) and ``smoke`` (the extra legs)."""
+    root = config.rootpath
     for item in items:
         used = set(getattr(item, "fixturenames", ()))
-        if used & {"worker", "celery_worker_session"}:
+        worker = bool(used & {"worker", "celery_worker_session"}) or bool(
+            item.get_closest_marker("worker")
+        )
+        if worker:
             item.add_marker(pytest.mark.worker)
+        path = item.path.relative_to(root).as_posix()
+        in_stores = path.startswith("tests/stores/")
+        if (
+            path.startswith(EVERY_DB)
+            and not path.startswith(EVERY_DB_NOT)
+            and not (in_stores and worker)
+        ):
+            item.add_marker(pytest.mark.every_db)
+        if (path.startswith(SMOKE) and not worker) or path.startswith(SMOKE_WITH_WORKER):
+            item.add_marker(pytest.mark.smoke)

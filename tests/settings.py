@@ -69,6 +69,11 @@ TEMPLATES = [
 DB_VENDOR = os.environ.get("DEBOUNCE_TEST_DB", "postgresql" if SERVERS else "sqlite")
 IN_WORKER = os.environ.get("DEBOUNCE_TEST_WORKER") == "1"
 REDIS_URL = _need("DEBOUNCE_TEST_REDIS_URL", "redis://127.0.0.1:1/0")
+# The suite's Redis databases: N (REDIS_URL's), N + 1 (the broker) and N + 2 (the cache); the
+# browser test's example site takes 6 and 7. scripts/test gives runs beside each other their
+# own N.
+_REDIS_BASE, _REDIS_DB = REDIS_URL.rsplit("/", 1)
+_REDIS_DB_N = int(_REDIS_DB or 0)
 
 if DB_VENDOR == "postgresql":
     pg = urlparse(_need("DEBOUNCE_TEST_POSTGRES_URL"))
@@ -110,13 +115,13 @@ CACHES = {
     "default": {
         "BACKEND": "django_redis.cache.RedisCache",
         # The failover test gives its worker a Redis of its own to stop and start.
-        "LOCATION": os.environ.get("DEBOUNCE_TEST_CACHE_URL") or REDIS_URL.rsplit("/", 1)[0] + "/2",
+        "LOCATION": os.environ.get("DEBOUNCE_TEST_CACHE_URL") or f"{_REDIS_BASE}/{_REDIS_DB_N + 2}",
         "OPTIONS": {"SOCKET_CONNECT_TIMEOUT": 1, "SOCKET_TIMEOUT": 2},
     }
 }
 
 # A broker database of its own, flushed at the start of every session.
-CELERY_BROKER_URL = REDIS_URL.rsplit("/", 1)[0] + "/1"
+CELERY_BROKER_URL = f"{_REDIS_BASE}/{_REDIS_DB_N + 1}"
 CELERY_TASK_DEFAULT_QUEUE = "debounce-tests"
 CELERY_TASK_ROUTES = {
     "testapp.failover": {"queue": "debounce-failover"},

@@ -1,6 +1,5 @@
 """What operators see of the due index and the pumps: ``debounce_status --index`` and
-``--pumps``, the pump's Prometheus metrics and the index gauges read on scrape, and the system
-check W005 (deprecated settings).
+``--pumps``, the pump's Prometheus metrics and the index gauges read on scrape.
 
 The index and pump tests use a debounced task registered in this process only: the pump of
 the suite's worker (which runs whenever an earlier test started it) never takes its entries,
@@ -19,12 +18,9 @@ from typing import Any
 
 import pytest
 import redis
-from django.conf import settings as django_settings
-from django.core import checks
 from django.core.management import call_command
 from prometheus_client import REGISTRY
 
-from django_debounce.checks import check_deprecated
 from django_debounce.pump import Pump
 from django_debounce.testing import run_due
 from tests.celery_app import app
@@ -225,33 +221,6 @@ def test_status_pumps_asks_the_workers_through_remote_control(worker, unique_tag
 
 
 # -- system checks ---------------------------------------------------------------------------
-
-
-DEPRECATED = ("DEBOUNCE_REDIS_IDLE_TTL", "DEBOUNCE_DATABASE_PREPARE")
-
-
-@pytest.mark.django_db  # run_checks() runs the model checks, which may ask the database
-def test_check_w005_names_each_deprecated_setting_that_is_set(settings):
-    for name in DEPRECATED:
-        if hasattr(django_settings, name):
-            delattr(settings, name)
-    assert check_deprecated() == []
-    settings.DEBOUNCE_REDIS_IDLE_TTL = 3600
-    (only,) = check_deprecated()
-    assert (only.id, only.obj, only.level) == (
-        "django_debounce.W005",
-        "DEBOUNCE_REDIS_IDLE_TTL",
-        checks.WARNING,
-    )
-    assert "no longer does anything" in only.msg
-    assert "One record per key" in only.msg  # what replaced it
-    settings.DEBOUNCE_DATABASE_PREPARE = True
-    found = {m.obj: m.msg for m in check_deprecated()}
-    assert set(found) == set(DEPRECATED)
-    assert "remove the setting" in found["DEBOUNCE_DATABASE_PREPARE"]
-    # Registered with Django's check framework (manage.py check runs it).
-    ran = [m for m in checks.run_checks() if m.id == "django_debounce.W005"]
-    assert {m.obj for m in ran} == set(DEPRECATED)
 
 
 def in_a_thread(run: Any) -> None:
