@@ -72,6 +72,7 @@ class Pump:
         self.app = app
         self._tasks = tasks
         self._seen = (stats.published, stats.again)
+        self._drained: set[str | None] = set()  # queues given their quarter second
         self._stop = threading.Event()
         self.thread: threading.Thread | None = None
 
@@ -144,15 +145,19 @@ class Pump:
         options: dict[str, FlightOptions] = {
             name: task.flight_options() for name, task in tasks.items()
         }
-        # a queue near its cap waits until a quarter of the cap (or a batch) is free: topping it
-        # up a few messages at a time costs a take and a depth read per few runs
+        # a queue near its cap gets a quarter second to drain before a take smaller than a
+        # quarter of the cap (or a batch): topping it up a few messages at a time would cost
+        # a take and a depth read per few runs
         least = min(batch, max(int(conf.get("PUMP_QUEUE_CAP")) // 4, 1))
         while True:
             room = self._room(next(iter(tasks.values())), queue)
             limit = batch if room is None else min(batch, room)
-            if limit < least:
+            if limit <= 0 or (limit < least and queue not in self._drained):
                 capped.add(str(queue))
+                if limit > 0:
+                    self._drained.add(queue)
                 return min(interval, 0.25)
+            self._drained.discard(queue)
             taken = backend.take(options, limit)
             self._publish(backend, tasks, taken.dispatches)
             with stats.lock:
