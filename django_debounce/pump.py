@@ -152,10 +152,11 @@ class Pump:
         while True:
             room = self._room(next(iter(tasks.values())), queue)
             limit = batch if room is None else min(batch, room)
-            if limit <= 0 or (limit < least and queue not in self._drained):
+            if limit <= 0:
                 capped.add(str(queue))
-                if limit > 0:
-                    self._drained.add(queue)
+                return min(interval, 0.5)
+            if limit < least and queue not in self._drained:
+                self._drained.add(queue)
                 return min(interval, 0.25)
             self._drained.discard(queue)
             taken = backend.take(options, limit)

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from django.db import router, transaction
+from django.db import DatabaseError, router, transaction
 
 from django_debounce import conf
 from django_debounce.backends.base import BaseBackend, LiveRun, Taken
@@ -140,33 +140,67 @@ class DatabaseBackend(BaseBackend):
             chunk = items[start : start + self.MANY]
             keys = dict(sorted({hashed: key for key, hashed, _p in chunk}.items()))
             for make_first in (False, True):
-                done: list[tuple[TriggerResult, Dispatch | None]] = []
-                with rows.atomic():
-                    at = rows.clock(now)
-                    if make_first:  # a row of the batch was made meanwhile: every row first
-                        rows.create(list(keys.items()), task_name, cfg.overlap)
-                    held = rows.lock_many(list(keys), {task_name: cfg})
-                    for hashed, key in keys.items():
-                        if hashed not in held:
-                            held[hashed] = rows.blank(hashed, key, task_name, cfg)
-                    self.settle(rows, list(held.values()), at, mode="trigger")
-                    reindex: set[str] = set()
-                    for _key, hashed, payload_json in chunk:
-                        result, dispatch, merge = self._apply_trigger(
-                            held[hashed], at, json.loads(payload_json)
-                        )
-                        if not merge:
-                            reindex.add(hashed)
-                        done.append((result, dispatch))
-                    self.opened(rows, list(held.values()), at, context)
-                    written = rows.write_many([(r, h in reindex) for h, r in held.items()], at)
-                    if not written:
-                        transaction.set_rollback(True, using=rows.alias)
-                if written:
+                done, held = self._triggers_once(
+                    rows, chunk, keys, task_name, cfg, now, context, make_first
+                )
+                if done is not None:
                     break
+                if make_first:  # made and deleted again meanwhile (a purge): nothing counted
+                    raise DatabaseError(
+                        "rows of this trigger_many batch were made and deleted by other "
+                        "transactions meanwhile; nothing of the batch was counted: send it again"
+                    )
+            assert done is not None
             out += done
             self.after_commit(list(held.values()))
         return out
+
+    def _triggers_once(
+        self,
+        rows: Rows,
+        chunk: Sequence[tuple[str, str, str]],
+        keys: dict[str, str],
+        task_name: str,
+        cfg: Any,
+        now: datetime | None,
+        context: Any,
+        make_first: bool = False,
+    ) -> tuple[list[tuple[TriggerResult, Dispatch | None]] | None, dict[str, Record]]:
+        """One transaction of ``row_triggers``. The keys without a row are taken first and
+        their rows inserted whole, before any counter is sealed: when another transaction
+        made one of them meanwhile, the transaction rolls back having changed nothing
+        anywhere (``None``: take the batch again with ``make_first``, every row made before
+        it is locked). Then the other keys, each sealed and folded, then written."""
+        done: list[Any] = [None] * len(chunk)
+        reindex: set[str] = set()
+
+        def apply(records: dict[str, Record], at: int) -> None:
+            for i, (_key, hashed, payload_json) in enumerate(chunk):
+                if hashed in records:
+                    result, dispatch, merge = self._apply_trigger(
+                        records[hashed], at, json.loads(payload_json)
+                    )
+                    if not merge:
+                        reindex.add(hashed)
+                    done[i] = (result, dispatch)
+
+        with rows.atomic():
+            at = rows.clock(now)
+            if make_first:
+                rows.create(list(keys.items()), task_name, cfg.overlap)
+            held = rows.lock_many(list(keys), {task_name: cfg})
+            new = {h: rows.blank(h, k, task_name, cfg) for h, k in keys.items() if h not in held}
+            if new:
+                apply(new, at)
+                self.opened(rows, list(new.values()), at, context)
+                if not rows.write_many([(r, h in reindex) for h, r in new.items()], at):
+                    transaction.set_rollback(True, using=rows.alias)
+                    return None, {}
+            self.settle(rows, list(held.values()), at, mode="trigger")
+            apply(held, at)
+            self.opened(rows, list(held.values()), at, context)
+            rows.write_many([(r, h in reindex) for h, r in held.items()], at)
+        return done, {**held, **new}
 
     def opened(self, rows: Rows, records: Sequence[Record], now: int, context: Any) -> None:
         """After a trigger on the row path, before its commit (the Redis store writes the

@@ -439,7 +439,10 @@ class Rows:
             run["debounce_key_id"] = record.pk
             steps.append((2, INSERT_RUN, [self._prep(c, run[c]) for c in RUN_COLUMNS]))
         finished = self._prep("finished_at", to_dt(now))
-        for run_id, outcome, error in record.ended:
+        ended: dict[int, tuple[int, str, str]] = {}
+        for end in record.ended:  # the first outcome of a run wins, as it does in the table
+            ended.setdefault(end[0], end)
+        for run_id, outcome, error in ended.values():
             steps.append((3, END_RUN, [outcome, finished, error, record.pk, run_id]))
         record.new_runs, record.ended = [], []
         record.entry = k.entry
