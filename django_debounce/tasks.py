@@ -930,7 +930,9 @@ def _defer(
     batch = open_.get(alias)
     if batch is None or batch.sent:
         batch = open_[alias] = _CommitBatch()
-    waiting = partial(batch.send)
+    def waiting() -> None:  # a function: Django < 6.1 logs a robust callback's __qualname__
+        batch.send()
+
     batch.entries.append((weakref.ref(waiting), task, resolved, options))
     # robust: a failure is logged by Django and the caller's later callbacks still run
     transaction.on_commit(waiting, using=alias, robust=True)
