@@ -930,6 +930,7 @@ def _defer(
     batch = open_.get(alias)
     if batch is None or batch.sent:
         batch = open_[alias] = _CommitBatch()
+
     def waiting() -> None:  # a function: Django < 6.1 logs a robust callback's __qualname__
         batch.send()
 
