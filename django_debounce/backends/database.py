@@ -105,7 +105,7 @@ class DatabaseBackend(BaseBackend):
         rows = self.rows()
         cfg = config(options)
         payload = json.loads(payload_json)
-        with rows.atomic():
+        with rows.step():
             record, at = rows.lock_or_create(key_hash, key, task_name, cfg, now)
             for _again in range(2):
                 self.settle(rows, [record], at, mode="trigger")
@@ -302,7 +302,7 @@ class DatabaseBackend(BaseBackend):
 
     def fire(self, key_hash, seq, *, task_name, options, now=None, store=None):
         rows = self.rows()
-        with rows.atomic():
+        with rows.step():
             record, at = rows.lock_at(key_hash, config(options), now)
             if record is None:
                 return FireDecision(FireAction.MISSING)
@@ -350,7 +350,7 @@ class DatabaseBackend(BaseBackend):
             outcome = FAILURE
         retry = None if end.ok or end.retry_in is None else int(round(max(end.retry_in, 0) * US))
         rows = self.rows()
-        with rows.atomic():
+        with rows.step():
             record, at = rows.lock_at(key_hash, config(options), now)
             if record is None:
                 return None
@@ -378,16 +378,16 @@ class DatabaseBackend(BaseBackend):
                 record.last_outcome = outcome
             if run_id not in k.events and not other:
                 record.ended.append((run_id, outcome, end.error))
-            rows.write(record, at)
             if covered is not None:  # a give-up covers only the attempted triggers
                 DebounceRun.objects.using(self.alias).filter(
                     debounce_key_id=record.pk, run_id=run_id
                 ).update(triggers=covered)
+            rows.write(record, at)
         return self._dispatch(record, msg)
 
     def heartbeat(self, key_hash, run_id, lease, *, task_name, options, now=None, store=None):
         rows = self.rows()
-        with rows.atomic():
+        with rows.step():
             record, at = rows.lock_at(key_hash, config(options), now)
             if record is None or not record.key.heartbeat(at, run_id, int(round(lease * US))):
                 return False

@@ -77,6 +77,8 @@ FIELD = {f.column: f for f in DebounceKey._meta.concrete_fields}
 RUN_FIELD = {f.column: f for f in DebounceRun._meta.concrete_fields}
 JSON_COLUMNS = frozenset(c for c, f in FIELD.items() if isinstance(f, models.JSONField))
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+TIMES_OF_KEY = {c for c, f in FIELD.items() if isinstance(f, models.DateTimeField)}
+TIME_COLUMNS = frozenset({*TIMES_OF_KEY, "due_at"})  # and the due entry's
 
 
 def q(name: str) -> str:
@@ -91,7 +93,8 @@ UPSERT_DUE = (
     f"ON CONFLICT ({q('key_hash')}) DO UPDATE SET {q('due_at')} = EXCLUDED.{q('due_at')}"
 )
 LOCK_WITH_CLOCK = (
-    "WITH k AS ({}) SELECT k.*, clock_timestamp() FROM (SELECT 1) AS one LEFT JOIN k ON TRUE"
+    "WITH k AS ({}) SELECT k.*, CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000000 AS bigint)"
+    " FROM (SELECT 1) AS one LEFT JOIN k ON TRUE"
 )
 UPSERT_DUE_OF_K = UPSERT_DUE.replace("VALUES (%s, %s, %s)", "SELECT %s, %s, %s FROM k")
 DELETE_DUE = f"DELETE FROM {DUE} WHERE {q('key_hash')} = %s"
@@ -131,10 +134,19 @@ def _update_text(cols: tuple[str, ...]) -> str:
     return f"UPDATE {KEY} SET {', '.join(f'{q(c)} = %s' for c in cols)} WHERE {q('id')} = %s"
 
 
+def _us_of(column: str) -> str:
+    """PostgreSQL: ``column`` (a time) read as microseconds since the epoch (exact: an
+    integer is cheaper to load than a time)."""
+    return f"CAST(EXTRACT(EPOCH FROM {column}) * 1000000 AS bigint)"
+
+
 @functools.cache
-def _select_text(where: str, lock: bool, skip_locked: bool) -> str:
+def _select_text(where: str, lock: bool, skip_locked: bool, pg: bool) -> str:
+    names = [f"k.{q(c)}" for c in COLUMNS] + [f"d.{q('due_at')}"]
+    if pg:
+        names = [_us_of(n) if n.split(".")[1].strip('"') in TIME_COLUMNS else n for n in names]
     text = (
-        f"SELECT {', '.join('k.' + q(c) for c in COLUMNS)}, d.{q('due_at')} FROM {KEY} k "
+        f"SELECT {', '.join(names)} FROM {KEY} k "
         f"LEFT JOIN {DUE} d ON d.{q('key_hash')} = k.{q('key_hash')} WHERE {where}"
     )
     if lock:
@@ -222,7 +234,13 @@ class Rows:
         self.alias = alias
         self.retake = retake
         self.direct = direct
-        self.pg = connections[alias].vendor == "postgresql"
+        conn = connections[alias]
+        self.pg = conn.vendor == "postgresql"
+        # statements joined by "; " go out as one (PostgreSQL's simple query protocol, which
+        # Django's default client-side binding cursor uses)
+        self.joined = self.pg and not conn.settings_dict["OPTIONS"].get("server_side_binding")
+        self._begin = False  # a ``step`` whose BEGIN goes out with its first read
+        self._queued: list[tuple[str, list[Any]]] | None = None  # a ``step``'s writes
         self.now_given: int | None = None  # the step's time when the caller gave it
         self.read_at = 0.0  # time.monotonic() when the step's time was read
 
@@ -231,6 +249,45 @@ class Rows:
         """One step's transaction (SQLite: an immediate one, as the settings ask)."""
         with transaction.atomic(using=self.alias):
             yield
+
+    @contextmanager
+    def step(self) -> Iterator[None]:
+        """``atomic`` for a step of one key; on PostgreSQL outside any transaction, two round
+        trips instead of four: ``BEGIN`` goes out with the step's locking read, its writes
+        with ``COMMIT``."""
+        conn = connections[self.alias]
+        if not self.joined or conn.in_atomic_block:
+            with self.atomic():
+                yield
+            return
+        self._begin, self._queued = True, []
+        try:
+            yield
+            if self._queued or not self._begin:  # the writes, with COMMIT
+                begin = [("BEGIN", [])] if self._begin else []  # a step that read nothing
+                self._begin, queued, self._queued = False, self._queued, None
+                self._execute([*begin, *queued, ("COMMIT", [])])
+        except BaseException:
+            if not self._begin:
+                try:
+                    with conn.cursor() as cursor:
+                        cursor.execute("ROLLBACK")
+                except Exception:
+                    conn.close()  # a broken connection: Django opens a new one when needed
+            raise
+        finally:
+            self._begin, self._queued = False, None
+
+    def _execute(self, statements: Sequence[tuple[str, list[Any]]]) -> None:
+        """Run ``statements`` in order: one round trip when ``joined``."""
+        with connections[self.alias].cursor() as cursor:
+            if self.joined and len(statements) > 1:
+                cursor.execute(
+                    "; ".join(t for t, _p in statements), [v for _t, p in statements for v in p]
+                )
+                return
+            for text, params in statements:
+                cursor.execute(text, params)
 
     def clock(self, now: datetime | None) -> int:
         """The step's time: ``now`` when given, else the database's clock (PostgreSQL's
@@ -251,20 +308,27 @@ class Rows:
 
     @staticmethod
     def _us(value: Any) -> int | None:
+        if value is None or type(value) is int:
+            return value  # PostgreSQL's reads give microseconds (``_us_of``)
         if isinstance(value, datetime) and value.tzinfo is not None:
             return to_us(value)  # PostgreSQL under USE_TZ: aware already
         return to_us(from_db(value))
 
     def _select(self, where: str, *, lock: bool, skip_locked: bool = False) -> str:
         """The text of a read of whole records (``where`` on the key table ``k``)."""
-        return _select_text(where, lock and self.pg, skip_locked)
+        return _select_text(where, lock and self.pg, skip_locked, self.pg)
 
     def _fetch(
         self, text: str, params: list[Any], cfgs: Any, clock: bool = False
     ) -> tuple[list[Record], int | None]:
         """The records ``text`` reads, and the clock it read (when ``clock``)."""
         with connections[self.alias].cursor() as cursor:
-            cursor.execute(text, params)
+            if self._begin:  # the first read of a ``step``
+                cursor.execute("BEGIN; " + text, params)
+                cursor.nextset()
+                self._begin = False
+            else:
+                cursor.execute(text, params)
             rows = cursor.fetchall()
         out = []
         at = None
@@ -470,22 +534,14 @@ class Rows:
         record's row was made meanwhile by another transaction (the caller locks that row
         and takes the step again)."""
         self._lost(record)
-        with connections[self.alias].cursor() as cursor:
-            if record.pk is None:
+        if record.pk is None:
+            with connections[self.alias].cursor() as cursor:
                 return self._insert(cursor, record, now, reindex)
-            steps = self._steps(record, now, reindex)
-            claimed = {p[RUN_COLUMNS.index("run_id")] for o, _t, p in steps if o == 2}
-            if (
-                self.pg
-                and len(steps) > 1
-                and not any(p[4] in claimed for o, _t, p in steps if o == 3)
-            ):
-                # one round trip: data-modifying WITH clauses all run, on one snapshot (so not
-                # when the step ends a run it also claimed)
-                text = "WITH " + ", ".join(f"s{i} AS ({t})" for i, (_o, t, _p) in enumerate(steps))
-                steps = [(0, text + " SELECT 1", [v for _o, _t, p in steps for v in p])]
-            for _order, text, params in steps:
-                cursor.execute(text, params)
+        statements = [(text, params) for _o, text, params in self._steps(record, now, reindex)]
+        if self._queued is not None:  # a ``step``'s: they go out with its COMMIT
+            self._queued += statements
+        else:
+            self._execute(statements)
         return True
 
     def _new_row(self, record: Record, now: int) -> dict[str, Any]:
