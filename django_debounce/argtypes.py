@@ -1,12 +1,7 @@
-"""The argument types a payload carries beyond JSON: those of Django's ``DjangoJSONEncoder``
-(``datetime``, ``date``, ``time``, ``timedelta``, ``Decimal``, ``UUID``, lazy strings), each in
-one canonical form so that one value is one key (docs/guide/integration.md, "Payloads").
-
-A typed value is stored as ``{"__type__": name, "__value__": text}``, the envelope of Celery's
-own JSON serializer (kombu), and the body gets the typed value back as ``.delay()`` would give
-it: ``encode`` is the JSON encoder's ``default``, ``decode`` turns a stored payload into the
-body's arguments.
-"""
+"""The argument types a payload carries beyond JSON: those of Django's ``DjangoJSONEncoder``,
+each in one canonical form so that one value is one key (docs/guide/integration.md,
+"Payloads"), stored in the envelope of Celery's JSON serializer
+(``{"__type__": name, "__value__": text}``) and decoded back for the body."""
 
 from __future__ import annotations
 
@@ -71,10 +66,6 @@ def encode(value: Any) -> Any:
     raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
 
 
-def _date(text: str) -> datetime.date:
-    return datetime.date.fromisoformat(text)
-
-
 def _timedelta(text: str) -> datetime.timedelta:
     parsed = parse_duration(text)
     if parsed is None:
@@ -84,7 +75,7 @@ def _timedelta(text: str) -> datetime.timedelta:
 
 _DECODERS: dict[str, Callable[[str], Any]] = {
     "datetime": datetime.datetime.fromisoformat,
-    "date": _date,
+    "date": datetime.date.fromisoformat,
     "time": datetime.time.fromisoformat,
     "timedelta": _timedelta,
     "decimal": decimal.Decimal,

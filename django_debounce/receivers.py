@@ -1,10 +1,6 @@
 """``@debounced_receiver``: a Django signal receiver whose handler runs in a Celery worker
-once per burst per row (docs/guide/integration.md, "Receivers").
-
-The task behind it (``DebouncedReceiverTask``) triggers with a payload naming the row (its
-model, primary key, the signal and its JSON-safe keywords), stored compactly (``pack``), and
-its body re-reads the row from the database the model writes to before calling the handler.
-"""
+once per burst per row (docs/guide/integration.md, "Receivers"); its task's payload names the
+row, stored compactly (``pack``), and its body re-reads the row."""
 
 from __future__ import annotations
 
@@ -29,24 +25,20 @@ from django_debounce.tasks import DebouncedTask
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def _json_safe(value: Any) -> tuple[bool, Any]:
-    if isinstance(value, (set, frozenset)):
-        value = sorted(value, key=repr)
-    try:
-        json.dumps(value)
-    except (TypeError, ValueError):
-        return False, None
-    return True, value
-
-
 def _signal_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """A signal's keyword arguments that JSON can hold (a set as a sorted list), without
+    ``signal``, ``sender`` and ``instance``."""
     out = {}
     for name, value in kwargs.items():
         if name in ("signal", "sender", "instance"):
             continue
-        ok, safe = _json_safe(value)
-        if ok:
-            out[name] = safe
+        if isinstance(value, (set, frozenset)):
+            value = sorted(value, key=repr)
+        try:
+            json.dumps(value)
+        except (TypeError, ValueError):
+            continue
+        out[name] = value
     return out
 
 
@@ -128,7 +120,11 @@ class DebouncedReceiverTask(DebouncedTask):
     def _resolve(self, args: tuple, kwargs: dict) -> tuple[str, Any, str | None]:
         """``trigger(instance)`` or ``trigger(Model, pk)``: key ``app_label.model:pk``
         (collect mode: the item ``{"model", "pk"}`` under the key ``app_label.model``)."""
-        payload = self._payload_of(args, kwargs)
+        return self._resolved(self._payload_of(args, kwargs))
+
+    def _resolved(self, payload: dict[str, Any]) -> tuple[str, Any, str]:
+        """``(key, payload, stored JSON)`` of a row payload (collect mode: of its item
+        ``{"model", "pk"}``). Raises ``ValueError`` for a payload or key no store can keep."""
         if self.debounce_collect:
             payload = {"model": payload["model"], "pk": payload["pk"]}
             stored = dumps(self.pack_item(payload))
@@ -219,30 +215,22 @@ class DebouncedReceiverTask(DebouncedTask):
         """The row payload of ``trigger(instance)`` or ``trigger(Model, pk)`` (no key: in
         collect mode the key is computed from the item, with ``key=``'s collect signature)."""
         if len(args) == 1 and not kwargs and isinstance(args[0], models.Model):
-            instance = args[0]
-            self._check_model(type(instance))
-            payload = {
-                "model": instance._meta.label_lower,
-                "pk": _checked_pk(self.name, type(instance), instance.pk),
-                "sender": None,
-                "signal": None,
-                "kwargs": {},
-            }
+            model, pk = type(args[0]), args[0].pk
         elif len(args) == 2 and not kwargs and _label(args[0]):
-            self._check_model(args[0])
-            payload = {
-                "model": _label(args[0]),
-                "pk": _checked_pk(self.name, args[0], args[1]),
-                "sender": None,
-                "signal": None,
-                "kwargs": {},
-            }
+            model, pk = args
         else:
             raise TypeError(
                 f"{self.name}.trigger() takes a model instance, or a model class and a primary "
                 f"key; got args={args!r} kwargs={kwargs!r}."
             )
-        return payload
+        self._check_model(model)
+        return {
+            "model": _label(model),
+            "pk": _checked_pk(self.name, model, pk),
+            "sender": None,
+            "signal": None,
+            "kwargs": {},
+        }
 
     def call_arguments(self, payload: Any) -> tuple[list[Any], dict[str, Any]]:
         """The receiver body takes the payload's fields as keywords (collect mode: the list
@@ -318,19 +306,12 @@ class DebouncedReceiverTask(DebouncedTask):
             "signal": index,
             "kwargs": _signal_kwargs(kwargs),
         }
-        if self.debounce_collect:
-            if payload["model"] is None:
-                raise TypeError(
-                    f"{self.name} collects rows (collect=True) but {signal!r} sent no model "
-                    "instance; use collect=False for signals without an instance."
-                )
-            payload = {"model": payload["model"], "pk": payload["pk"]}
-            stored = dumps(self.pack_item(payload))
-        else:
-            stored = dumps(self.pack(payload))
-        check_size(stored, self.name)
-        key = self.key_for(payload)
-        check_text(key, "key")
+        if self.debounce_collect and payload["model"] is None:
+            raise TypeError(
+                f"{self.name} collects rows (collect=True) but {signal!r} sent no model "
+                "instance; use collect=False for signals without an instance."
+            )
+        key, payload, stored = self._resolved(payload)
         self.trigger_payload(key, payload, using=kwargs.get("using"), payload_json=stored)
 
 
@@ -339,9 +320,7 @@ def _raw(payload: Any) -> bool:
     return bool(isinstance(payload, dict) and (payload.get("kwargs") or {}).get("raw"))
 
 
-def _receiver_body(
-    task_name_holder: list[Any],
-) -> Callable[..., Any]:
+def _receiver_body(task_name_holder: list[Any]) -> Callable[..., Any]:
     def body(
         model: str | None,
         pk: Any,
@@ -362,7 +341,6 @@ def _receiver_body(
             instance = model_cls._default_manager.using(alias).filter(pk=pk).first()
             if instance is None and sig is not post_delete and not task.debounce_call_missing:
                 return None
-        if model_cls is not None and pk is not None:
             pk = model_cls._meta.pk.to_python(pk)  # the model's own type (a UUID, ...)
         sender_cls = apps.get_model(sender) if sender else model_cls
         return handler(
@@ -486,10 +464,8 @@ def debounced_receiver(
             _check_receiver_key(name, key, collect)
         holder: list[Any] = []
         body = _collect_body(holder) if collect else _receiver_body(holder)
-        body.__name__ = handler.__name__
-        body.__qualname__ = handler.__qualname__
-        body.__module__ = handler.__module__
-        body.__doc__ = handler.__doc__
+        for attr in ("__name__", "__qualname__", "__module__", "__doc__"):
+            setattr(body, attr, getattr(handler, attr))
         task = shared_task(
             base=base,
             name=name,
