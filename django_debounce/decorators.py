@@ -46,7 +46,7 @@ def debounced_task(func: F | None = None, /, **options: Any) -> Any:
     ``expires`` shorter than ``DEBOUNCE_DISPATCH_GRACE`` among them), ``TypeError`` for
     unknown ones (naming the likely one) and for an ``async def`` body.
     """
-    debounce, celery_options = DebounceOptions.split_with_routing(options)
+    debounce, celery_options = DebounceOptions.split(options)
 
     def decorate(fn: F) -> Any:
         check_not_async(fn, "debounced_task")

@@ -204,7 +204,7 @@ def _run_facts(task: Any, claim: Claim) -> dict[str, Any]:
         "merged": max(claim.triggers - 1, 0),
         "delay": delay,
         "started_at": claim.started_at,
-        "attempt": getattr(claim, "attempt", 0),
+        "attempt": claim.attempt,
     }
 
 

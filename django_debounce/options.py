@@ -52,15 +52,10 @@ CELERY_DECORATOR_OPTIONS = frozenset(
 
 
 # The Celery options that route a task's messages. Celery reads them from task attributes but
-# deprecates that (removed in Celery 6), so the decorators keep them apart (``routing_of``)
-# and ``DebouncedTask.apply_async`` gives them to every publish: dispatch messages, retries
-# and plain calls all go where the decorator routes the task.
+# deprecates that (removed in Celery 6), so the decorators keep them apart (``split``) and
+# ``DebouncedTask.apply_async`` gives them to every publish: dispatch messages, retries and
+# plain calls all go where the decorator routes the task.
 ROUTING_OPTIONS = ("queue", "routing_key", "exchange", "exchange_type", "delivery_mode", "priority")
-
-
-def routing_of(celery_options: dict[str, Any]) -> dict[str, Any]:
-    """Take the routing options out of ``celery_options`` (see ``ROUTING_OPTIONS``)."""
-    return {name: celery_options.pop(name) for name in ROUTING_OPTIONS if name in celery_options}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,22 +149,14 @@ class DebounceOptions:
     ) -> tuple[DebounceOptions, dict[str, Any]]:
         """Split a decorator's keywords into this app's options (validated) and Celery task
         options (checked: a misspelt name is a ``TypeError`` naming the likely one, an
-        ``expires`` shorter than ``DEBOUNCE_DISPATCH_GRACE`` is refused). ``extra`` names the
-        decorator's own other keywords, for the hint."""
+        ``expires`` shorter than ``DEBOUNCE_DISPATCH_GRACE`` is refused), the routing ones
+        (``ROUTING_OPTIONS``) moved into the task attribute ``debounce_route``. ``extra`` names
+        the decorator's own other keywords, for the hint."""
         ours = {name: options[name] for name in cls.NAMES if name in options}
         celery = {name: value for name, value in options.items() if name not in cls.NAMES}
         check_celery_options(celery, known=(*cls.NAMES, *extra))
+        celery["debounce_route"] = {n: celery.pop(n) for n in ROUTING_OPTIONS if n in celery}
         return cls(**ours), celery
-
-    @classmethod
-    def split_with_routing(
-        cls, options: dict[str, Any], *, extra: tuple[str, ...] = ()
-    ) -> tuple[DebounceOptions, dict[str, Any]]:
-        """``split``, with the routing options moved into the task attribute
-        ``debounce_route`` of the returned Celery options."""
-        ours, celery = cls.split(options, extra=extra)
-        celery["debounce_route"] = routing_of(celery)
-        return ours, celery
 
     def task_attributes(self) -> dict[str, Any]:
         """The ``DebouncedTask`` class attributes these options set (``debounce_<name>``)."""

@@ -167,10 +167,7 @@ class DebouncedReceiverTask(DebouncedTask):
         return out
 
     def unpack(self, stored: Any) -> dict[str, Any]:
-        """The row payload of a stored one (``pack``'s form, or the full dict of earlier
-        releases)."""
-        if isinstance(stored, dict):
-            return stored
+        """The row payload of a stored one (``pack``'s form)."""
         pk = stored[0]
         signal = stored[1] if len(stored) > 1 else 0
         kwargs = stored[2] if len(stored) > 2 else {}
@@ -191,9 +188,7 @@ class DebouncedReceiverTask(DebouncedTask):
         return [item["model"], item["pk"]]
 
     def unpack_item(self, stored: Any) -> dict[str, Any]:
-        """A collected item from its stored form (``pack_item``'s, or a full dict)."""
-        if isinstance(stored, dict):
-            return stored
+        """A collected item from its stored form (``pack_item``'s)."""
         if isinstance(stored, list):
             return {"model": stored[0], "pk": stored[1]}
         return {"model": self._default_label(), "pk": stored}
@@ -431,18 +426,16 @@ def debounced_receiver(
     ``instances`` (lists in trigger order; rows gone from the database are left out of
     ``instances``) instead of ``pk`` and ``instance``; the default key is the model label.
 
-    ``options`` are those of ``debounced_task``: this app's (``DebounceOptions``: ``wait``,
-    ``max_wait``, ``key``, ``leading``, ``trailing``, ``overlap``, ``collect``,
-    ``collect_limit``, ``lease``, ``on_commit``, ``backend``) and any Celery task option
-    except ``bind=True``. Returns the task (use it with ``trigger_many`` after bulk writes,
-    or ``.flush(instance)``). Triggers made in a transaction count when it commits
-    (``on_commit``), all of that commit's in one batch. Raw saves (``loaddata``, a
+    ``options`` are those of ``debounced_task``: this app's (``DebounceOptions``) and any
+    Celery task option except ``bind=True``. Returns the task (use it with ``trigger_many``
+    after bulk writes, or ``.flush(instance)``). Triggers made in a transaction count when it
+    commits (``on_commit``), all of that commit's in one batch. Raw saves (``loaddata``, a
     ``pre_save``/``post_save`` with ``raw=True``) trigger nothing unless ``raw=True``; then
     a run gets ``raw=True`` only when every trigger it covers was raw.
     Raises ``ImproperlyConfigured`` for invalid options, ``TypeError`` for unknown ones and
     for a handler that does not take ``**kwargs``.
     """
-    debounce, celery_options = DebounceOptions.split_with_routing(
+    debounce, celery_options = DebounceOptions.split(
         options, extra=("sender", "call_missing", "raw")
     )
     if celery_options.get("bind"):

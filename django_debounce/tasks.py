@@ -3,11 +3,9 @@
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import inspect
 import logging
-import os
 import threading
 import time
 import traceback
@@ -28,6 +26,7 @@ from django.db import (
     router,
     transaction,
 )
+from django.utils.asyncio import async_unsafe
 
 from django_debounce import argtypes, conf, dbtime, observe, runtable
 from django_debounce.backends import get_backend
@@ -50,6 +49,7 @@ from django_debounce.keys import (
 from django_debounce.options import DEFAULT_COLLECT_LIMIT, trigger_options
 from django_debounce.state import (
     Claim,
+    Dispatch,
     Finish,
     FireAction,
     FlightOptions,
@@ -263,6 +263,10 @@ class DebouncedTask(Task):
 
     # -- the public face ------------------------------------------------------------------
 
+    @async_unsafe(
+        "trigger() was called from async code (a running event loop): use "
+        "`await task.atrigger(...)` there, or sync_to_async(task.trigger)."
+    )
     def trigger(self, *args: Any, **kwargs: Any) -> TriggerResult:
         """Count one trigger for the key of these arguments; the body runs later, once per burst.
 
@@ -279,7 +283,6 @@ class DebouncedTask(Task):
         flight waits in the store's due index until a pump publishes it (invariant I8); it
         raises only when no store can record it.
         """
-        _refuse_in_event_loop(self.name, "atrigger")
         return self._trigger_sync(*args, **kwargs)
 
     async def atrigger(self, *args: Any, **kwargs: Any) -> TriggerResult:
@@ -298,12 +301,15 @@ class DebouncedTask(Task):
             key, payload, using=self.alias_of(payload), payload_json=encoded, options=options
         )
 
+    @async_unsafe(
+        "status() was called from async code (a running event loop): use "
+        "`await task.astatus(...)` there, or sync_to_async(task.status)."
+    )
     def status(self, *args: Any, **kwargs: Any) -> KeyStatus | None:
         """The key of these arguments as its store holds it now (pending triggers, due time,
         live run, last run and outcome, totals), without triggering it; ``None`` when the key
         is unknown (never triggered, or purged). Arguments as ``trigger()``'s. Live values
         come from Redis for keys the Redis store holds."""
-        _refuse_in_event_loop(self.name, "astatus")
         return self._status(args, kwargs)
 
     async def astatus(self, *args: Any, **kwargs: Any) -> KeyStatus | None:
@@ -414,12 +420,17 @@ class DebouncedTask(Task):
             payload_json=payload_json if payload_json is not None else dumps(payload),
             options=options or self.flight_options(),
         )
-        if dispatch is not None and not is_eager(self):
-            # Due within the pump interval: out at once. A failed publish puts the flight
-            # back in the due index (the pump publishes it once the broker is back).
-            if not publish_or_release(self, backend, dispatch):
-                result = _unpublished(result)
-        return result
+        return self._published(backend, result, dispatch)
+
+    def _published(
+        self, backend: BaseBackend, result: TriggerResult, dispatch: Dispatch | None
+    ) -> TriggerResult:
+        """``result`` after publishing ``dispatch``, the message of a flight due within the
+        pump interval: ``scheduled=False, publish_failed=True`` when the broker refused it
+        (the flight is back in the due index for a pump)."""
+        if dispatch is None or is_eager(self) or publish_or_release(self, backend, dispatch):
+            return result
+        return dataclasses.replace(result, scheduled=False, publish_failed=True)
 
     def before_send(
         self, resolved: list[tuple[str, Any, str | None]]
@@ -465,9 +476,7 @@ class DebouncedTask(Task):
             for result, dispatch in backend.trigger_many(
                 task_name=self.name, items=items, options=options
             ):
-                if dispatch is not None and not is_eager(self):
-                    if not publish_or_release(self, backend, dispatch):
-                        result = _unpublished(result)
+                result = self._published(backend, result, dispatch)
                 observe.triggered(self, result)
                 out.append(result)
         return out
@@ -778,31 +787,6 @@ class DebouncedTask(Task):
             publish_or_release(self, backend, follow)
 
 
-def _unpublished(result: TriggerResult) -> TriggerResult:
-    """``result`` of a trigger whose dispatch message the broker refused: not scheduled (its
-    flight waits in the due index for a pump), and saying so."""
-    return dataclasses.replace(result, scheduled=False, publish_failed=True)
-
-
-def _refuse_in_event_loop(task_name: str, instead: str) -> None:
-    """Raise Django's ``SynchronousOnlyOperation`` naming the async twin when a sync method is
-    called from a running event loop (an ``async def`` view): the database store, and the
-    Redis store when a flight opens, would block the loop or fail half-way. As Django does,
-    ``DJANGO_ALLOW_ASYNC_UNSAFE`` lifts it."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return
-    if os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE"):
-        return
-    from django.core.exceptions import SynchronousOnlyOperation
-
-    raise SynchronousOnlyOperation(
-        f"{task_name}: trigger() was called from async code (a running event loop); use "
-        f"`await task.{instead}(...)` there, or sync_to_async(task.trigger)."
-    )
-
-
 def deferring_alias(using: str | None) -> str | None:
     """The database whose open transaction a trigger waits for (``None``: none is open, the
     trigger counts at once). With ``using`` (a receiver's row lives there, or a signal's
@@ -821,12 +805,10 @@ def deferring_alias(using: str | None) -> str | None:
 
 
 class _CommitBatch:
-    """The triggers of one thread waiting for one commit of one database. Each registers a
-    callback of its own, so a savepoint that rolls back drops it as Django drops any callback
-    made inside it; the batch holds them by weak reference, so a dropped one is left out.
-    The first callback to run at the commit sends the batch, one ``trigger_many`` per task
-    (and run of equal per-call options): callbacks registered after the transaction's first
-    trigger find it sent (docs/guide/imports.md)."""
+    """The triggers of one thread waiting for one commit of one database, each with a
+    callback of its own (held by weak reference: one a savepoint rollback dropped is left
+    out). The first callback to run sends the batch, one ``trigger_many`` per task and run of
+    equal per-call options (docs/guide/imports.md)."""
 
     def __init__(self) -> None:
         self.entries: list[tuple[Any, DebouncedTask, list[Any], FlightOptions | None]] = []
