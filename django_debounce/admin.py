@@ -13,9 +13,10 @@ from django.contrib.auth import get_permission_codename
 from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
+from django.template.loader import render_to_string
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
-from django.utils.html import format_html, format_html_join
+from django.utils.html import format_html
 from django.utils.http import urlencode
 from django.utils.translation import gettext_lazy as _
 
@@ -176,8 +177,7 @@ class DebounceKeyAdmin(ReadOnlyAdmin):
     ]
     actions = ["run_now", "cancel_pending", "purge_idle"]
     # Facet counts would be one COUNT per filter choice: not on tables this size.
-    if hasattr(admin, "ShowFacets"):  # Django >= 5.0
-        show_facets = admin.ShowFacets.NEVER
+    show_facets = admin.ShowFacets.NEVER
 
     # -- permissions and actions ------------------------------------------------------------
 
@@ -301,52 +301,28 @@ class DebounceKeyAdmin(ReadOnlyAdmin):
         runs = list(obj.run_history.order_by("-started_at", "-id")[:RECENT_RUNS])
         if not runs:
             return "no runs yet"
-        all_runs = (
-            reverse(f"{self.admin_site.name}:django_debounce_debouncerun_changelist")
-            + f"?debounce_key__id__exact={obj.pk}"
-        )
-        header = format_html(
-            "<tr><th>{}</th><th>{}</th><th>{}</th><th>{}</th><th>{}</th><th>{}</th><th>{}</th>"
-            "<th>{}</th><th>{}</th></tr>",
-            *(
-                _("run"),
-                _("flight"),
-                _("triggers"),
-                _("merged"),
-                admin_times.labelled(_("started")),
-                _("delay"),
-                _("duration"),
-                _("outcome"),
-                _("error"),
-            ),
-        )
-        rows = format_html_join(
-            "",
-            '<tr class="debounce-run"><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>'
-            "<td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+        rows = [
             (
-                (
-                    run.run_id,
-                    run.flight_id,
-                    run.triggers,
-                    run.merged,
-                    admin_times.local(run.started_at).strftime("%Y-%m-%d %H:%M:%S"),
-                    display.duration(run.delay),
-                    display.duration((run.finished_at - run.started_at).total_seconds())
-                    if run.finished_at
-                    else "",
-                    run.outcome,
-                    run.error[:200],
-                )
-                for run in runs
-            ),
-        )
-        return format_html(
-            '<table class="debounce-recent-runs">{}{}</table><p><a href="{}">{}</a></p>',
-            header,
-            rows,
-            all_runs,
-            _("all runs of this key"),
+                run.run_id,
+                run.flight_id,
+                run.triggers,
+                run.merged,
+                admin_times.local(run.started_at).strftime("%Y-%m-%d %H:%M:%S"),
+                display.duration(run.delay),
+                _duration(run),
+                run.outcome,
+                run.error[:200],
+            )
+            for run in runs
+        ]
+        all_runs = reverse(f"{self.admin_site.name}:django_debounce_debouncerun_changelist")
+        return render_to_string(
+            "admin/django_debounce/recent_runs.html",
+            {
+                "rows": rows,
+                "started": admin_times.labelled(_("started")),
+                "all_runs": f"{all_runs}?debounce_key__id__exact={obj.pk}",
+            },
         )
 
     # -- the summary page -----------------------------------------------------------------
@@ -380,21 +356,17 @@ class DebounceKeyAdmin(ReadOnlyAdmin):
         # Buckets, period and chart in the zone Django shows times in, named on the page.
         labels = [admin_times.local(start).strftime(fmt) for start in data.bucket_starts]
         zone = admin_times.zone_name()
+        keys = reverse(
+            "admin:django_debounce_debouncekey_changelist", current_app=self.admin_site.name
+        )
         rows = [
             {
                 "task": task,
-                "median": display.duration(task.median_delay)
-                if task.median_delay is not None
-                else "",
-                "p95": display.duration(task.p95_delay) if task.p95_delay is not None else "",
+                "median": display.duration(task.median_delay),
+                "p95": display.duration(task.p95_delay),
                 "ratio": f"{task.ratio:.1f}" if task.ratio is not None else "",
                 "sparkline": charts.sparkline(task.bucket_triggers, task.bucket_runs, labels),
-                "keys_url": reverse(
-                    "admin:django_debounce_debouncekey_changelist",
-                    current_app=self.admin_site.name,
-                )
-                + "?"
-                + urlencode({"task": task.task_name}),
+                "keys_url": f"{keys}?{urlencode({'task': task.task_name})}",
             }
             for task in data.tasks
         ]
@@ -444,8 +416,7 @@ class DebounceRunAdmin(ReadOnlyAdmin):
     list_select_related = ("debounce_key",)
     search_fields = ("debounce_key__key",)
     show_full_result_count = False  # one COUNT over the history per page view, not two
-    if hasattr(admin, "ShowFacets"):  # Django >= 5.0
-        show_facets = admin.ShowFacets.NEVER
+    show_facets = admin.ShowFacets.NEVER
     readonly_fields = ["merged", *(f.name for f in DebounceRun._meta.fields)]
 
     @admin.display(description=_("key"), ordering="debounce_key__key")
@@ -467,9 +438,14 @@ class DebounceRunAdmin(ReadOnlyAdmin):
     @admin.display(description=_("duration"))
     def duration(self, obj: DebounceRun) -> str:
         """From the start to the end, as "4.9 s" (empty while running)."""
-        if obj.finished_at is None:
-            return ""
-        return display.duration((obj.finished_at - obj.started_at).total_seconds())
+        return _duration(obj)
+
+
+def _duration(run: DebounceRun) -> str:
+    """A run's duration, as "4.9 s" (empty while it runs)."""
+    if run.finished_at is None:
+        return ""
+    return display.duration((run.finished_at - run.started_at).total_seconds())
 
 
 if conf.get("ADMIN_ENABLED"):

@@ -1,13 +1,5 @@
-"""Times on the admin pages, in the zone Django's admin shows its own times in, and named.
-
-Django shows a time in the current time zone under ``USE_TZ = True`` and as stored, naive in
-``TIME_ZONE``, under ``USE_TZ = False``
-(https://docs.djangoproject.com/en/stable/topics/i18n/timezones/). This app's fields give aware
-UTC times under either setting (``dbtime``), which Django's admin would print unconverted, so
-as UTC, under ``USE_TZ = False``: hours apart from a project's own fields on the same page.
-Every time the debounce pages show goes through ``local``, and the heading over it names the
-zone (``labelled``), since a bare time can be read as UTC or as local.
-"""
+"""Times on the admin pages, in the zone Django's admin shows its own times in (``local``),
+under a heading that names the zone (``labelled``; docs/design.md, "Times and USE_TZ")."""
 
 from __future__ import annotations
 

@@ -1,12 +1,7 @@
-"""The argument types a payload carries beyond JSON: those of Django's ``DjangoJSONEncoder``
-(``datetime``, ``date``, ``time``, ``timedelta``, ``Decimal``, ``UUID``, lazy strings), each in
-one canonical form so that one value is one key (docs/guide/integration.md, "Payloads").
-
-A typed value is stored as ``{"__type__": name, "__value__": text}``, the envelope of Celery's
-own JSON serializer (kombu), and the body gets the typed value back as ``.delay()`` would give
-it: ``encode`` is the JSON encoder's ``default``, ``decode`` turns a stored payload into the
-body's arguments.
-"""
+"""The argument types a payload carries beyond JSON: those of Django's ``DjangoJSONEncoder``,
+each in one canonical form so that one value is one key (docs/guide/integration.md,
+"Payloads"), stored in the envelope of Celery's JSON serializer
+(``{"__type__": name, "__value__": text}``) and decoded back for the body."""
 
 from __future__ import annotations
 
@@ -22,17 +17,6 @@ from django.utils.functional import Promise
 
 TYPE, VALUE = "__type__", "__value__"
 
-# What a payload may hold besides JSON's own types (for error messages and ``_offender``).
-SUPPORTED: tuple[type, ...] = (
-    datetime.date,  # datetime.datetime too
-    datetime.time,
-    datetime.timedelta,
-    decimal.Decimal,
-    uuid.UUID,
-    Promise,
-)
-SUPPORTED_NAMES = "datetime, date, time, timedelta, Decimal or UUID"
-
 
 def _datetime(value: datetime.datetime) -> str:
     if value.utcoffset() is None:
@@ -41,6 +25,30 @@ def _datetime(value: datetime.datetime) -> str:
         return value.astimezone(datetime.UTC).isoformat()
     except OverflowError:
         raise ValueError(f"{value!r} is out of range in UTC") from None
+
+
+def _timedelta(text: str) -> datetime.timedelta:
+    parsed = parse_duration(text)
+    if parsed is None:
+        raise ValueError(f"not an ISO 8601 duration: {text!r}")
+    return parsed
+
+
+# Each type a payload may hold beyond JSON, declared once: (class, name in the envelope, its
+# canonical text, the value of a text); a datetime before a date (a datetime is a date).
+TYPES: tuple[tuple[type, str, Callable[[Any], str], Callable[[str], Any]], ...] = (
+    (datetime.datetime, "datetime", _datetime, datetime.datetime.fromisoformat),
+    (datetime.date, "date", datetime.date.isoformat, datetime.date.fromisoformat),
+    (datetime.time, "time", datetime.time.isoformat, datetime.time.fromisoformat),
+    (datetime.timedelta, "timedelta", duration_iso_string, _timedelta),
+    (decimal.Decimal, "decimal", str, decimal.Decimal),
+    (uuid.UUID, "uuid", str, uuid.UUID),
+)
+_DECODERS = {name: from_text for _cls, name, _to_text, from_text in TYPES}
+
+# What a payload may hold besides JSON's own types (for error messages and ``_offender``).
+SUPPORTED: tuple[type, ...] = (*(cls for cls, *_rest in TYPES), Promise)
+SUPPORTED_NAMES = "datetime, date, time, timedelta, Decimal or UUID"
 
 
 def encode(value: Any) -> Any:
@@ -54,42 +62,12 @@ def encode(value: Any) -> Any:
     and ``Decimal("1.1")`` are two keys, as ``1`` and ``1.0`` are), a ``UUID`` lower-case
     hyphenated, a lazy string as its text (a plain ``str``, as Celery sends it).
     """
-    if isinstance(value, datetime.datetime):
-        return {TYPE: "datetime", VALUE: _datetime(value)}
-    if isinstance(value, datetime.date):
-        return {TYPE: "date", VALUE: value.isoformat()}
-    if isinstance(value, datetime.time):
-        return {TYPE: "time", VALUE: value.isoformat()}
-    if isinstance(value, datetime.timedelta):
-        return {TYPE: "timedelta", VALUE: duration_iso_string(value)}
-    if isinstance(value, decimal.Decimal):
-        return {TYPE: "decimal", VALUE: str(value)}
-    if isinstance(value, uuid.UUID):
-        return {TYPE: "uuid", VALUE: str(value)}
+    for cls, name, to_text, _from_text in TYPES:
+        if isinstance(value, cls):
+            return {TYPE: name, VALUE: to_text(value)}
     if isinstance(value, Promise):
         return str(value)
     raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
-
-
-def _date(text: str) -> datetime.date:
-    return datetime.date.fromisoformat(text)
-
-
-def _timedelta(text: str) -> datetime.timedelta:
-    parsed = parse_duration(text)
-    if parsed is None:
-        raise ValueError(f"not an ISO 8601 duration: {text!r}")
-    return parsed
-
-
-_DECODERS: dict[str, Callable[[str], Any]] = {
-    "datetime": datetime.datetime.fromisoformat,
-    "date": _date,
-    "time": datetime.time.fromisoformat,
-    "timedelta": _timedelta,
-    "decimal": decimal.Decimal,
-    "uuid": uuid.UUID,
-}
 
 
 def decode(value: Any) -> Any:

@@ -1,13 +1,7 @@
-"""The way into debouncing for what can only name a task: a beat schedule, ``send_task``, a
-``chain`` or a ``group`` (docs/guide/integration.md, "Beat, send_task and canvas").
-
-``django_debounce.trigger`` is a registered Celery task that triggers a debounced task by its
-name with its arguments, so ``{"task": "django_debounce.trigger", "args": ["app.rebuild",
-[42]]}`` in ``CELERY_BEAT_SCHEDULE`` debounces where ``{"task": "app.rebuild", "args": [42]}``
-would make a plain run every time. ``task.trigger_s(42)`` builds its signature. Only
-registered debounced task names are triggered (a name read from a message never dispatches an
-arbitrary task).
-"""
+"""``django_debounce.trigger``: a registered Celery task that triggers a debounced task by name,
+for what can only name a task: a beat schedule, ``send_task``, a ``chain`` or a ``group``
+(docs/guide/integration.md, "Beat, send_task and canvas"; ``task.trigger_s()`` builds its
+signature). Only registered debounced task names are triggered."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""Small bar charts drawn on the server as inline SVG: no JavaScript, no external request.
-
-Each bucket gets two bars, triggers in (light) and runs out (dark), on one linear scale, so
-the gap between them is the coalescing. Every bar has an SVG ``<title>`` (the browser's own
-tooltip) with its figures.
-"""
+"""Small bar charts drawn on the server as inline SVG (no JavaScript): per bucket, triggers in
+(light) and runs out (dark) on one linear scale, each bar with a ``<title>`` tooltip."""
 
 from __future__ import annotations
 

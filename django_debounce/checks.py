@@ -10,11 +10,10 @@ from typing import Any
 
 from django.conf import settings
 from django.core import checks
-from django.utils.module_loading import import_string
+from django.core.exceptions import ImproperlyConfigured
 
 from django_debounce import conf
-from django_debounce.backends import backend_path
-from django_debounce.backends.base import BaseBackend
+from django_debounce.backends import backend_class, backend_path
 
 
 @checks.register()
@@ -24,27 +23,9 @@ def check_backend(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMe
     errors: list[checks.CheckMessage] = []
     value = conf.get("BACKEND")
     try:
-        cls = import_string(backend_path(value))
-    except ImportError as exc:
-        errors.append(
-            checks.Error(
-                f"DEBOUNCE_BACKEND={value!r} cannot be imported: {exc}.",
-                hint="Use 'auto', 'redis', 'database', or the dotted path of a BaseBackend "
-                "subclass (install django-redis for the redis backend).",
-                id="django_debounce.E001",
-            )
-        )
-        return errors
-    if not (isinstance(cls, type) and issubclass(cls, BaseBackend)):
-        errors.append(
-            checks.Error(
-                f"DEBOUNCE_BACKEND={value!r} is not a django_debounce BaseBackend subclass.",
-                hint="Use 'auto', 'redis', 'database', or the dotted path of a subclass of "
-                "django_debounce.backends.base.BaseBackend.",
-                id="django_debounce.E001",
-            )
-        )
-        return errors
+        backend_class(backend_path(value))
+    except ImproperlyConfigured as exc:
+        return [checks.Error(str(exc), id="django_debounce.E001")]
     alias = conf.get("CACHE_ALIAS")
     own_client = bool(conf.get("REDIS_URL") or conf.get("REDIS_CLUSTER"))
     if own_client:

@@ -7,6 +7,7 @@ every setting is described in docs/settings.md).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -106,9 +107,8 @@ def seconds(value: Any, *, name: str, allow_none: bool = False) -> float | None:
     return float(value)
 
 
-# Settings that are durations in seconds, and switches.
+# Settings that are durations in seconds.
 DURATIONS = ("DEFAULT_WAIT", "LEASE", "DISPATCH_GRACE", "PUMP_INTERVAL")
-BOOLEANS = ("ON_COMMIT", "ENABLED", "ADMIN_ENABLED", "PUMP")
 
 
 def seconds_of(name: str) -> float:
@@ -119,9 +119,44 @@ def seconds_of(name: str) -> float:
     return seconds(get(name), name=f"DEBOUNCE_{name}") or 0.0
 
 
+def _count(least: int) -> Callable[[Any], bool]:
+    return lambda value: isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+
+def _cluster(value: Any) -> bool:
+    nodes = isinstance(value, (list, tuple)) and value and all(":" in str(n) for n in value)
+    return value is None or isinstance(value, str) or bool(nodes)
+
+
+def _switch(value: Any) -> bool:
+    return isinstance(value, bool)
+
+
+SWITCH = "True or False (a string such as 'false' counts as true)"
+
+# Every other setting: name -> (whether a value is of the right kind, what that kind is).
+KINDS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "ON_COMMIT": (_switch, SWITCH),
+    "ENABLED": (_switch, SWITCH),
+    "ADMIN_ENABLED": (_switch, SWITCH),
+    "PUMP": (_switch, SWITCH),
+    "MAX_PAYLOAD": (_count(1), "a positive int (bytes)"),
+    "MAX_BATCH_PAYLOAD": (_count(1), "a positive int (bytes)"),
+    "PUMP_BATCH": (_count(1), "a positive int (entries per take)"),
+    "PUMP_QUEUE_CAP": (_count(0), "an int >= 0 (messages; 0: no cap)"),
+    "REDIS_PREFIX": (
+        lambda v: isinstance(v, str) and bool(v) and "{" not in v and "}" not in v,
+        "a non-empty str without braces",
+    ),
+    "REDIS_URL": (lambda v: v is None or (isinstance(v, str) and "://" in v), "a redis:// URL"),
+    "REDIS_CLUSTER": (_cluster, "a list of 'host:port' startup nodes or a redis:// URL of one"),
+    "CACHE_ALIAS": (lambda v: isinstance(v, str), "a cache alias (str)"),
+}
+
+
 def problems() -> list[tuple[str, str]]:
     """``(setting, what is wrong and how to fix it)`` for every ``DEBOUNCE_`` setting with a
-    value of the wrong kind (durations, booleans, the cache alias), for the system check."""
+    value of the wrong kind (``DURATIONS`` and ``KINDS``), for the system check."""
     out = []
     for name in DURATIONS:
         try:
@@ -130,37 +165,6 @@ def problems() -> list[tuple[str, str]]:
             out.append((f"DEBOUNCE_{name}", str(exc)))
     if "DEBOUNCE_LEASE" not in dict(out) and seconds_of("LEASE") == 0:
         out.append(("DEBOUNCE_LEASE", "DEBOUNCE_LEASE must be more than 0 seconds."))
-    for name in BOOLEANS:
-        value = get(name)
-        if not isinstance(value, bool):
-            out.append(
-                (
-                    f"DEBOUNCE_{name}",
-                    f"DEBOUNCE_{name} must be True or False, got {value!r} of type "
-                    f"{type(value).__name__} (a string such as 'false' counts as true).",
-                )
-            )
-    for name, unit in (
-        ("MAX_PAYLOAD", "bytes"),
-        ("MAX_BATCH_PAYLOAD", "bytes"),
-        ("PUMP_BATCH", "entries per take"),
-    ):
-        value = get(name)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            out.append(
-                (
-                    f"DEBOUNCE_{name}",
-                    f"DEBOUNCE_{name} must be a positive int ({unit}), got {value!r}.",
-                )
-            )
-    cap = get("PUMP_QUEUE_CAP")
-    if isinstance(cap, bool) or not isinstance(cap, int) or cap < 0:
-        out.append(
-            (
-                "DEBOUNCE_PUMP_QUEUE_CAP",
-                f"DEBOUNCE_PUMP_QUEUE_CAP must be an int >= 0 (messages; 0: no cap), got {cap!r}.",
-            )
-        )
     if "DEBOUNCE_PUMP_INTERVAL" not in dict(out) and seconds_of("PUMP_INTERVAL") < MIN_INTERVAL:
         out.append(
             (
@@ -169,31 +173,8 @@ def problems() -> list[tuple[str, str]]:
                 "that long at most between two looks at the due index).",
             )
         )
-    prefix = get("REDIS_PREFIX")
-    if not isinstance(prefix, str) or not prefix or "{" in prefix or "}" in prefix:
-        out.append(
-            (
-                "DEBOUNCE_REDIS_PREFIX",
-                f"DEBOUNCE_REDIS_PREFIX must be a non-empty str without braces, got {prefix!r}.",
-            )
-        )
-    url = get("REDIS_URL")
-    if url is not None and not (isinstance(url, str) and "://" in url):
-        out.append(
-            ("DEBOUNCE_REDIS_URL", f"DEBOUNCE_REDIS_URL must be a redis:// URL, got {url!r}.")
-        )
-    cluster = get("REDIS_CLUSTER")
-    if cluster is not None and not (
-        isinstance(cluster, str)
-        or (isinstance(cluster, (list, tuple)) and cluster and all(":" in str(n) for n in cluster))
-    ):
-        out.append(
-            (
-                "DEBOUNCE_REDIS_CLUSTER",
-                "DEBOUNCE_REDIS_CLUSTER must be a list of 'host:port' startup nodes or a "
-                f"redis:// URL of one, got {cluster!r}.",
-            )
-        )
-    if not isinstance(get("CACHE_ALIAS"), str):
-        out.append(("DEBOUNCE_CACHE_ALIAS", "DEBOUNCE_CACHE_ALIAS must be a cache alias (str)."))
+    for name, (right, kind) in KINDS.items():
+        value = get(name)
+        if not right(value):
+            out.append((f"DEBOUNCE_{name}", f"DEBOUNCE_{name} must be {kind}, got {value!r}."))
     return out

@@ -1,27 +1,7 @@
-"""Database connections of the worker's own threads (the pump, the lease keeper, the recorder).
-
-Django closes a request's connection at its end, and Celery closes a task's around it, by
-``close_old_connections()``: with ``CONN_MAX_AGE = 0`` (Django's default) that closes every
-connection. A thread that ticks every second and called it each tick opened a new database
-session per tick (~1 session/s per idle worker, ``bench/results/scale.md``). These threads
-keep their connections instead: an unusable one (after an error) is closed at once, and
-Django's own age rule (``close_old_connections``) is applied only every ``REFRESH`` seconds,
-so a restarted database server or a changed setting is still picked up.
-
-SQLite is the exception. Its rule is that no connection may be open in any thread of a process
-when that process forks (https://www.sqlite.org/howtocorrupt.html, "Carrying an open database
-connection across a fork()"). The prefork pool forks a new child whenever one exits (a
-``max_tasks_per_child`` recycle, a hard time limit, a killed child), at any time, and these
-threads live in the process that forks. A child forked while one of their SQLite connections
-was open failed its own writes with "database is locked" or wrote rows that no other process
-ever saw (and one run of the test suite found its database file corrupt). So on SQLite a tick
-(``thread_tick``) closes its connections when it ends, and a fork waits until no tick is in
-progress (``os.register_at_fork``); a tick that loops over batches ends early when a fork
-waits (``fork_pending``). The recorder's last drain at shutdown, in the stopping thread, is a
-tick too. Celery's fixup closes the forking thread's own inherited connections in each child.
-Other databases keep their connections: psycopg 3 never closes a connection it inherited
-through a fork.
-"""
+"""Database connections of the worker's own threads (the pump, the lease keeper): kept
+between ticks, a failed one closed at once, Django's age rule applied every ``REFRESH``
+seconds; on SQLite each tick closes its connections and holds a fork guard
+(docs/design.md, "Dispatch at scale", "Connections")."""
 
 from __future__ import annotations
 
@@ -46,7 +26,7 @@ class _ForkGuard:
     """Ticks in progress hold it; a fork of this process waits until none does, and no tick
     starts from the moment a fork waits until it is done (a reader-writer lock whose writer,
     ``fork()``, goes first: back-to-back ticks never starve it). A long tick (a pump batch
-    loop, a recorder drain) asks ``pending()`` between batches and ends early."""
+    loop) asks ``pending()`` between batches and ends early."""
 
     def __init__(self) -> None:
         self._reset()
@@ -119,7 +99,7 @@ def _uses_sqlite() -> bool:
 
 @contextmanager
 def thread_tick() -> Iterator[None]:
-    """One tick of a worker thread (the pump, the lease keeper, the recorder):
+    """One tick of a worker thread (the pump, the lease keeper):
     ``tidy_thread_connections()`` first; on a project with an SQLite database the tick also
     holds the fork guard and closes this thread's SQLite connections when it ends (see the
     module's docstring)."""

@@ -1,14 +1,6 @@
-"""Times between this app and the database, whatever ``USE_TZ`` says.
-
-Inside the app every time is an aware UTC ``datetime`` (the stores, the due index and Redis
-count microseconds since the epoch). Django stores an aware time as is when ``USE_TZ = True``
-and a naive one in ``TIME_ZONE`` when ``USE_TZ = False`` (SQLite then refuses an aware one,
-and PostgreSQL returns naive local times), as its time zone documentation says
-(https://docs.djangoproject.com/en/stable/topics/i18n/timezones/). ``to_db`` and ``from_db``
-are the one crossing: the model fields (``AwareDateTimeField``) and the raw SQL of the stores
-use them, so a project with ``USE_TZ = False`` gets the same state, and the admin and the
-commands compute with aware times (``now()``), never Django's naive ``timezone.now()``.
-"""
+"""Times between this app and the database, whatever ``USE_TZ`` says: inside the app every
+time is an aware UTC ``datetime``; ``to_db`` and ``from_db`` are the one crossing (the model
+fields and the stores' raw SQL use them; docs/design.md, "Times and USE_TZ")."""
 
 from __future__ import annotations
 

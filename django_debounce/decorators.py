@@ -4,17 +4,16 @@
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from celery import shared_task
 from django.db import models
 
-from django_debounce.options import DebounceOptions, check_not_async, task_base
+from django_debounce.options import DebounceOptions, check_not_async, check_reserved, task_base
 from django_debounce.receivers import DebouncedReceiverTask, debounced_receiver
 from django_debounce.state import TriggerResult
-from django_debounce.tasks import MAX_WAIT_KWARG, WAIT_KWARG, DebouncedTask
+from django_debounce.tasks import DebouncedTask
 
 __all__ = ["debounced_receiver", "debounced_task", "trigger_many"]
 
@@ -25,31 +24,10 @@ def debounced_task(func: F | None = None, /, **options: Any) -> Any:
     """Make ``func`` a Celery task whose ``.trigger(...)`` runs it once per burst per key.
 
     Used bare (``@debounced_task``) or with options (``@debounced_task(wait=5, queue="slow")``).
-    ``options`` are this app's, declared by ``DebounceOptions`` (durations in seconds, as
-    ``int``/``float`` or ``timedelta``):
-
-    - ``wait``: quiet period; a trailing run starts ``wait`` after the last trigger
-      (``DEBOUNCE_DEFAULT_WAIT`` when omitted). ``wait=0`` with no overlap coalesces.
-    - ``max_wait``: bound on how long triggers can delay a run (``None``: unbounded), measured
-      as lodash's ``maxWait``: from the last run's start while the stream of triggers goes
-      on, else from the flight's first trigger; raised to ``wait`` if lower.
-    - ``key``: callable with the task's signature returning the key string; default is the
-      task name plus the canonical JSON of the bound arguments.
-    - ``leading``/``trailing``: edge semantics as lodash debounce. ``leading=True`` runs at
-      the first trigger of a burst (when the key's last trigger is ``wait`` or more ago);
-      with ``trailing=True`` as well, a trailing run follows only if more triggers came in
-      the window; ``trailing=False`` drops triggers inside the window of a leading run
-      (counted as ``cancelled``). Throttle: ``leading=True, max_wait=wait``.
-      ``leading=False, trailing=False`` is refused (lodash accepts it; it would never run).
-    - ``overlap``: allow two runs of one key at once (default ``False``).
-    - ``collect``: batch mode: ``trigger(item)`` takes one JSON value and the body is called
-      once per flight with the list of distinct items in trigger order; the default key is
-      then the task name (``key=`` receives the item). ``collect_limit`` (default 1000)
-      caps a run's items; a flight that reaches it runs at once.
-    - ``lease``: seconds a run may go without finishing or having its lease extended
-      (default: the task's hard ``time_limit`` plus 5 s, else ``DEBOUNCE_LEASE``).
-    - ``on_commit``: defer triggers made in a transaction to its commit (``DEBOUNCE_ON_COMMIT``).
-    - ``backend``: store of this task's keys (``DEBOUNCE_BACKEND`` when omitted).
+    ``options`` are this app's, listed with their defaults in ``DebounceOptions`` (``wait``,
+    ``max_wait``, ``key``, ``leading``, ``trailing``, ``overlap``, ``collect``,
+    ``collect_limit``, ``lease``, ``on_commit``, ``backend``; durations in seconds, as
+    ``int``/``float`` or ``timedelta``).
 
     Every other keyword is a Celery task option (``name``, ``queue``, ``routing_key``,
     ``time_limit``, ``bind``, ``max_retries``, ...), which dispatch messages, retries and
@@ -68,33 +46,17 @@ def debounced_task(func: F | None = None, /, **options: Any) -> Any:
     ``expires`` shorter than ``DEBOUNCE_DISPATCH_GRACE`` among them), ``TypeError`` for
     unknown ones (naming the likely one) and for an ``async def`` body.
     """
-    debounce, celery_options = DebounceOptions.split_with_routing(options)
+    debounce, celery_options = DebounceOptions.split(options)
 
     def decorate(fn: F) -> Any:
         check_not_async(fn, "debounced_task")
-        _check_reserved(fn)
+        check_reserved(fn)
         base = task_base(celery_options.pop("base", None), DebouncedTask, "debounced_task")
         return shared_task(base=base, **debounce.task_attributes(), **celery_options)(fn)
 
     if func is not None:
         return decorate(func)
     return decorate
-
-
-def _check_reserved(fn: Callable[..., Any]) -> None:
-    """A body may not name a parameter as a trigger call's own keywords (``debounce_wait``,
-    ``debounce_max_wait``): ``trigger()`` takes them for itself."""
-    try:
-        names = set(inspect.signature(fn).parameters)
-    except (TypeError, ValueError):
-        return
-    taken = sorted(names & {WAIT_KWARG, MAX_WAIT_KWARG})
-    if taken:
-        raise TypeError(
-            f"The parameter(s) {', '.join(taken)} of {getattr(fn, '__qualname__', fn)!r} are "
-            "reserved: trigger() takes them as this trigger's own wait and max_wait. Rename "
-            "them."
-        )
 
 
 def trigger_many(task: Any, payloads: Iterable[Any]) -> list[TriggerResult]:

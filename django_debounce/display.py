@@ -10,9 +10,11 @@ from typing import Any
 OVERDUE_AFTER = 1.0
 
 
-def duration(seconds: float) -> str:
+def duration(seconds: float | None) -> str:
     """``seconds`` (>= 0) as a short text: ``"0.35 s"``, ``"4.9 s"``, ``"12 s"``,
-    ``"4 min 5 s"``, ``"2 h 10 min"``, ``"3 d 4 h"``."""
+    ``"4 min 5 s"``, ``"2 h 10 min"``, ``"3 d 4 h"``; ``""`` for ``None``."""
+    if seconds is None:
+        return ""
     seconds = max(float(seconds), 0.0)
     if seconds < 10:
         text = f"{seconds:.2f}" if seconds < 1 else f"{seconds:.1f}"

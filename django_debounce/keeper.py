@@ -1,25 +1,6 @@
-"""The lease keeper: keeps the leases of a worker's live runs alive from its main process
-(docs/design.md, "Leases").
-
-A run holds a lease in the store; past it the run counts as lost and is redone (I7). One
-keeper per worker, in the main process, extends the leases of all the runs its pool is
-executing, each every third of its lease, in one batch per store; it looks at the active runs
-at least every ``LOOK`` seconds (no store call), so a run that starts while another's long
-lease needs nothing is seen at once. A body that holds the GIL in C code or never yields
-cannot starve it (it lives in another process under prefork), and no thread is started per
-run. A run is known by its dispatch message (key hash and sequence),
-which the main process holds for every request it has handed to the pool.
-
-When the store cannot be reached, the keeper stops a run before its lease ends (minus a
-margin) by killing the pool process that runs it (prefork), so the run that redoes it never
-overlaps it (I2); and when the store says the lease was lost. It decides on a fresh store
-call only (after a stall every deadline may look passed), and kills a process only while that
-process, checked at that moment, still executes the very run (``runtable.py``): the view of
-the main process lags (a run that ended during a stall still looks active, and its process
-may run the next task). Celery records a stopped run's task as failed (``WorkerLostError``).
-Pools that cannot stop one task (threads, gevent, eventlet, solo) are warned about at worker
-start.
-"""
+"""The lease keeper: extends the leases of a worker's live runs from its main process, and
+stops a run whose lease cannot be renewed or was lost (docs/design.md, "Dispatch at scale",
+"The lease keeper")."""
 
 from __future__ import annotations
 
@@ -89,15 +70,9 @@ class LeaseKeeper:
 
     def tick(self) -> float:
         """Extend the lease of every live run that is due for it (a run new to the keeper at
-        once, then every third of its lease); stop runs whose lease could not be renewed in
-        time. Returns the seconds until the next tick (at most ``LOOK``).
-
-        A run is stopped only on what this tick learnt: a run whose deadline (minus the
-        margin) has passed is always extended again first, with a fresh store call, even
-        when its next extension is not due (after a stall of this process every deadline
-        may look passed). It is stopped when that call says its lease is lost, or could not
-        reach the store and the deadline has passed; and then only if its pool process,
-        checked at that moment, still executes that very run (``runtable``)."""
+        once, then every third of its lease), and stop a run when a fresh store call says its
+        lease is lost, or fails past its deadline (``_stop_run``). Returns the seconds until
+        the next tick (at most ``LOOK``)."""
         runs = self.live()
         now = time.time()
         seen = {}
@@ -180,10 +155,8 @@ class LeaseKeeper:
 
     def _stop_run(self, request: Any, task: Any, message: Any, why: str) -> None:
         """Kill the pool process of a run whose lease could not be renewed or was lost, if
-        that process still executes it (checked now, under its slot's lock). The pool finds
-        its process gone and fails the task with ``WorkerLostError``: Celery records a
-        failure (``task_failure``; with ``acks_late`` and ``task_reject_on_worker_lost`` the
-        message goes back to the queue instead), and the run is redone after its lease."""
+        that process still executes it (checked now, under its slot's lock); Celery then fails
+        the task with ``WorkerLostError`` and the run is redone after its lease."""
         table = runtable.TABLE
         pid = getattr(request, "worker_pid", None)
         if not pid:

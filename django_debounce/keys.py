@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import inspect
 import json
@@ -161,10 +162,6 @@ def _short_repr(value: Any) -> str:
     return text if len(text) <= 80 else f"{text[:77]}..."
 
 
-_HASHES: dict[tuple[str, str], str] = {}
-_HASHES_MAX = 4096  # entries; only keys of up to 256 characters are kept (a few MB at most)
-
-
 def key_hash(task_name: str, key: str) -> str:
     """The store identity of a key: SHA-256 hex of task name and readable key.
 
@@ -173,16 +170,16 @@ def key_hash(task_name: str, key: str) -> str:
     burst of triggers on one key hashes it once.
     """
     if len(key) > 256:
-        return hashlib.sha256(f"{task_name}\n{key}".encode()).hexdigest()
-    try:
-        return _HASHES[task_name, key]
-    except KeyError:
-        if len(_HASHES) >= _HASHES_MAX:
-            _HASHES.clear()
-        hashed = _HASHES[task_name, key] = hashlib.sha256(
-            f"{task_name}\n{key}".encode()
-        ).hexdigest()
-        return hashed
+        return _sha256(task_name, key)
+    return _remembered(task_name, key)
+
+
+def _sha256(task_name: str, key: str) -> str:
+    return hashlib.sha256(f"{task_name}\n{key}".encode()).hexdigest()
+
+
+# Keys of up to 256 characters only: a few MB at most.
+_remembered = functools.lru_cache(maxsize=4096)(_sha256)
 
 
 def payload_signature(func: Callable[..., Any]) -> inspect.Signature:

@@ -1,16 +1,8 @@
-"""What the flow reports as it goes: Django signals (``signals.py``), log lines under the
-``django_debounce`` logger, and Prometheus metrics when ``prometheus-client`` is installed.
-
-The flow calls these functions at three points (a trigger counted, a run started, a run
-finished); none of them can raise into
-the flow: receivers are called with ``send_robust`` and their errors are logged.
-
-Log levels: DEBUG per trigger, INFO per run started and finished (a retried failure too: the
-flow logs the retry as a WARNING), ERROR for a failed run after its last retry (Celery logs the
-traceback) and for a receiver that raised.
-
-Metrics (all labelled by ``task``; per process, so set ``PROMETHEUS_MULTIPROC_DIR`` for
-Celery's prefork pool as prometheus-client documents):
+"""What the flow reports at a trigger counted, a run started and a run finished: Django
+signals (``signals.py``, sent robustly), log lines under the ``django_debounce`` logger
+(DEBUG per trigger, INFO per run, ERROR for a final failure or a receiver that raised), and
+Prometheus metrics when ``prometheus-client`` is installed (all labelled by ``task``; per
+process, so set ``PROMETHEUS_MULTIPROC_DIR`` under prefork):
 
 - ``django_debounce_triggers_total``: triggers counted;
 - ``django_debounce_runs_total``: runs started;
@@ -212,7 +204,7 @@ def _run_facts(task: Any, claim: Claim) -> dict[str, Any]:
         "merged": max(claim.triggers - 1, 0),
         "delay": delay,
         "started_at": claim.started_at,
-        "attempt": getattr(claim, "attempt", 0),
+        "attempt": claim.attempt,
     }
 
 

@@ -1,12 +1,5 @@
-"""The options of ``@debounced_task`` and ``@debounced_receiver``, declared once.
-
-``DebounceOptions`` is the one list of this app's decorator options: their names, defaults,
-types and checks. A decorator splits its keywords with ``DebounceOptions.split``: this app's
-options become a validated ``DebounceOptions`` (then the task's ``debounce_<name>``
-attributes, see ``DebouncedTask``), every other keyword must be a Celery task option. Adding an
-option means adding a field here, its check in ``__post_init__``, the attribute it sets on
-``DebouncedTask`` and its use; both decorators then accept it.
-"""
+"""The options of ``@debounced_task`` and ``@debounced_receiver`` (``DebounceOptions``) and
+of one trigger call (``TRIGGER_OPTIONS``), each declared once: name, default and check."""
 
 from __future__ import annotations
 
@@ -14,14 +7,16 @@ import dataclasses
 import difflib
 import inspect
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any, ClassVar
 
 from celery import Task
 from django.core.exceptions import ImproperlyConfigured
 
 from django_debounce import conf
+from django_debounce.state import FlightOptions
 
-DEFAULT_COLLECT_LIMIT = 1000  # items per run of a collecting task (DebouncedTask has its twin)
+DEFAULT_COLLECT_LIMIT = 1000  # items per run of a collecting task
 
 # Options Celery's task decorator accepts that are not attributes of ``celery.Task``: the
 # decorator's own, and the routing and execution options Celery reads from a task's
@@ -57,15 +52,10 @@ CELERY_DECORATOR_OPTIONS = frozenset(
 
 
 # The Celery options that route a task's messages. Celery reads them from task attributes but
-# deprecates that (removed in Celery 6), so the decorators keep them apart (``routing_of``)
-# and ``DebouncedTask.apply_async`` gives them to every publish: dispatch messages, retries
-# and plain calls all go where the decorator routes the task.
+# deprecates that (removed in Celery 6), so the decorators keep them apart (``split``) and
+# ``DebouncedTask.apply_async`` gives them to every publish: dispatch messages, retries and
+# plain calls all go where the decorator routes the task.
 ROUTING_OPTIONS = ("queue", "routing_key", "exchange", "exchange_type", "delivery_mode", "priority")
-
-
-def routing_of(celery_options: dict[str, Any]) -> dict[str, Any]:
-    """Take the routing options out of ``celery_options`` (see ``ROUTING_OPTIONS``)."""
-    return {name: celery_options.pop(name) for name in ROUTING_OPTIONS if name in celery_options}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,16 +69,20 @@ class DebounceOptions:
     - ``max_wait``: bound on how long triggers can delay a run (``None``: unbounded), measured
       as lodash's ``maxWait``: from the last run's start while the stream of triggers goes
       on, else from the flight's first trigger; raised to ``wait`` if lower.
-    - ``key``: callable returning the key string (a task: called with the task's arguments;
-      a receiver: with the payload's fields; collecting: with the item).
+    - ``key``: callable returning the key string (a task: called with the task's arguments,
+      default the task name plus the canonical JSON of the bound arguments; a receiver:
+      with the payload's fields; collecting: with the item).
     - ``leading``/``trailing``: edge semantics as lodash debounce. ``leading=True`` runs at
-      the first trigger of a burst; with ``trailing=True`` as well, a trailing run follows
-      only if more triggers came in the window; ``trailing=False`` drops triggers inside the
-      window of a leading run. ``leading=False, trailing=False`` is refused (it would never
-      run). Throttle: ``leading=True, max_wait=wait``.
-    - ``overlap``: allow two runs of one key at once.
-    - ``collect``: batch mode (the body gets the list of distinct items of a flight);
-      ``collect_limit`` (default 1000) caps a run's items.
+      the first trigger of a burst (when the key's last trigger is ``wait`` or more ago);
+      with ``trailing=True`` as well, a trailing run follows only if more triggers came in
+      the window; ``trailing=False`` drops triggers inside the window of a leading run
+      (counted as ``cancelled``). Throttle: ``leading=True, max_wait=wait``.
+      ``leading=False, trailing=False`` is refused (lodash accepts it; it would never run).
+    - ``overlap``: allow two runs of one key at once (default ``False``).
+    - ``collect``: batch mode: ``trigger(item)`` takes one JSON value and the body is called
+      once per flight with the list of distinct items in trigger order; the default key is
+      then the task name. ``collect_limit`` (default 1000) caps a run's items; a flight that
+      reaches it runs at once.
     - ``lease``: seconds a run may go without finishing or having its lease extended
       (``None``: the task's hard ``time_limit`` plus 5 s, else ``DEBOUNCE_LEASE``).
     - ``on_commit``: defer triggers made in a transaction to its commit (``None``:
@@ -155,22 +149,14 @@ class DebounceOptions:
     ) -> tuple[DebounceOptions, dict[str, Any]]:
         """Split a decorator's keywords into this app's options (validated) and Celery task
         options (checked: a misspelt name is a ``TypeError`` naming the likely one, an
-        ``expires`` shorter than ``DEBOUNCE_DISPATCH_GRACE`` is refused). ``extra`` names the
-        decorator's own other keywords, for the hint."""
+        ``expires`` shorter than ``DEBOUNCE_DISPATCH_GRACE`` is refused), the routing ones
+        (``ROUTING_OPTIONS``) moved into the task attribute ``debounce_route``. ``extra`` names
+        the decorator's own other keywords, for the hint."""
         ours = {name: options[name] for name in cls.NAMES if name in options}
         celery = {name: value for name, value in options.items() if name not in cls.NAMES}
         check_celery_options(celery, known=(*cls.NAMES, *extra))
+        celery["debounce_route"] = {n: celery.pop(n) for n in ROUTING_OPTIONS if n in celery}
         return cls(**ours), celery
-
-    @classmethod
-    def split_with_routing(
-        cls, options: dict[str, Any], *, extra: tuple[str, ...] = ()
-    ) -> tuple[DebounceOptions, dict[str, Any]]:
-        """``split``, with the routing options moved into the task attribute
-        ``debounce_route`` of the returned Celery options."""
-        ours, celery = cls.split(options, extra=extra)
-        celery["debounce_route"] = routing_of(celery)
-        return ours, celery
 
     def task_attributes(self) -> dict[str, Any]:
         """The ``DebouncedTask`` class attributes these options set (``debounce_<name>``)."""
@@ -181,6 +167,64 @@ class DebounceOptions:
 
 
 DebounceOptions.NAMES = frozenset(f.name for f in dataclasses.fields(DebounceOptions))
+
+
+def call_seconds(value: Any, name: str) -> float:
+    """A duration given at a trigger call, in seconds. Raises ``TypeError``/``ValueError``
+    naming the keyword and the accepted forms."""
+    if isinstance(value, timedelta):
+        value = value.total_seconds()
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name}= takes seconds (int or float) or a timedelta, got {value!r}.")
+    if not (0 <= value <= conf.MAX_SECONDS):
+        raise ValueError(
+            f"{name}= must be from 0 to {conf.MAX_SECONDS:.0f} seconds (a year), got {value!r}."
+        )
+    return float(value)
+
+
+# The keywords of a trigger call that are the call's own, not the task's arguments (a task
+# body may not name a parameter so): keyword -> (the ``FlightOptions`` field it sets for this
+# trigger, the check that parses its value). A new per-trigger option is a row here.
+TRIGGER_OPTIONS: dict[str, tuple[str, Callable[[Any, str], Any]]] = {
+    "debounce_wait": ("wait", call_seconds),
+    "debounce_max_wait": ("max_wait", call_seconds),
+}
+
+
+def trigger_options(
+    kwargs: dict[str, Any], task_options: Callable[[], FlightOptions]
+) -> FlightOptions | None:
+    """Take the ``TRIGGER_OPTIONS`` keywords out of a trigger call's ``kwargs``: the task's
+    options (``task_options()``) with them applied, ``max_wait`` never below ``wait`` (as
+    lodash's ``maxWait``); ``None`` when the call gives none. Raises ``TypeError`` /
+    ``ValueError`` naming the keyword."""
+    given = {}
+    for keyword, (field, parse) in TRIGGER_OPTIONS.items():
+        value = kwargs.pop(keyword, None)
+        if value is not None:
+            given[field] = parse(value, keyword)
+    if not given:
+        return None
+    options = dataclasses.replace(task_options(), **given)
+    if options.max_wait is not None and options.max_wait < options.wait:
+        options = dataclasses.replace(options, max_wait=options.wait)
+    return options
+
+
+def check_reserved(fn: Callable[..., Any]) -> None:
+    """A body may not name a parameter as a trigger call's own keywords
+    (``TRIGGER_OPTIONS``): ``trigger()`` takes them for itself. Raises ``TypeError``."""
+    try:
+        names = set(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return
+    taken = sorted(names & TRIGGER_OPTIONS.keys())
+    if taken:
+        raise TypeError(
+            f"The parameter(s) {', '.join(taken)} of {getattr(fn, '__qualname__', fn)!r} are "
+            "reserved: trigger() takes them as this trigger's own options. Rename them."
+        )
 
 
 def check_celery_options(options: dict[str, Any], *, known: tuple[str, ...] = ()) -> None:

@@ -1,10 +1,6 @@
 """``@debounced_receiver``: a Django signal receiver whose handler runs in a Celery worker
-once per burst per row (docs/guide/integration.md, "Receivers").
-
-The task behind it (``DebouncedReceiverTask``) triggers with a payload naming the row (its
-model, primary key, the signal and its JSON-safe keywords), stored compactly (``pack``), and
-its body re-reads the row from the database the model writes to before calling the handler.
-"""
+once per burst per row (docs/guide/integration.md, "Receivers"); its task's payload names the
+row, stored compactly (``pack``), and its body re-reads the row."""
 
 from __future__ import annotations
 
@@ -29,24 +25,20 @@ from django_debounce.tasks import DebouncedTask
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def _json_safe(value: Any) -> tuple[bool, Any]:
-    if isinstance(value, (set, frozenset)):
-        value = sorted(value, key=repr)
-    try:
-        json.dumps(value)
-    except (TypeError, ValueError):
-        return False, None
-    return True, value
-
-
 def _signal_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """A signal's keyword arguments that JSON can hold (a set as a sorted list), without
+    ``signal``, ``sender`` and ``instance``."""
     out = {}
     for name, value in kwargs.items():
         if name in ("signal", "sender", "instance"):
             continue
-        ok, safe = _json_safe(value)
-        if ok:
-            out[name] = safe
+        if isinstance(value, (set, frozenset)):
+            value = sorted(value, key=repr)
+        try:
+            json.dumps(value)
+        except (TypeError, ValueError):
+            continue
+        out[name] = value
     return out
 
 
@@ -128,7 +120,11 @@ class DebouncedReceiverTask(DebouncedTask):
     def _resolve(self, args: tuple, kwargs: dict) -> tuple[str, Any, str | None]:
         """``trigger(instance)`` or ``trigger(Model, pk)``: key ``app_label.model:pk``
         (collect mode: the item ``{"model", "pk"}`` under the key ``app_label.model``)."""
-        payload = self._payload_of(args, kwargs)
+        return self._resolved(self._payload_of(args, kwargs))
+
+    def _resolved(self, payload: dict[str, Any]) -> tuple[str, Any, str]:
+        """``(key, payload, stored JSON)`` of a row payload (collect mode: of its item
+        ``{"model", "pk"}``). Raises ``ValueError`` for a payload or key no store can keep."""
         if self.debounce_collect:
             payload = {"model": payload["model"], "pk": payload["pk"]}
             stored = dumps(self.pack_item(payload))
@@ -171,10 +167,7 @@ class DebouncedReceiverTask(DebouncedTask):
         return out
 
     def unpack(self, stored: Any) -> dict[str, Any]:
-        """The row payload of a stored one (``pack``'s form, or the full dict of earlier
-        releases)."""
-        if isinstance(stored, dict):
-            return stored
+        """The row payload of a stored one (``pack``'s form)."""
         pk = stored[0]
         signal = stored[1] if len(stored) > 1 else 0
         kwargs = stored[2] if len(stored) > 2 else {}
@@ -195,9 +188,7 @@ class DebouncedReceiverTask(DebouncedTask):
         return [item["model"], item["pk"]]
 
     def unpack_item(self, stored: Any) -> dict[str, Any]:
-        """A collected item from its stored form (``pack_item``'s, or a full dict)."""
-        if isinstance(stored, dict):
-            return stored
+        """A collected item from its stored form (``pack_item``'s)."""
         if isinstance(stored, list):
             return {"model": stored[0], "pk": stored[1]}
         return {"model": self._default_label(), "pk": stored}
@@ -219,30 +210,22 @@ class DebouncedReceiverTask(DebouncedTask):
         """The row payload of ``trigger(instance)`` or ``trigger(Model, pk)`` (no key: in
         collect mode the key is computed from the item, with ``key=``'s collect signature)."""
         if len(args) == 1 and not kwargs and isinstance(args[0], models.Model):
-            instance = args[0]
-            self._check_model(type(instance))
-            payload = {
-                "model": instance._meta.label_lower,
-                "pk": _checked_pk(self.name, type(instance), instance.pk),
-                "sender": None,
-                "signal": None,
-                "kwargs": {},
-            }
+            model, pk = type(args[0]), args[0].pk
         elif len(args) == 2 and not kwargs and _label(args[0]):
-            self._check_model(args[0])
-            payload = {
-                "model": _label(args[0]),
-                "pk": _checked_pk(self.name, args[0], args[1]),
-                "sender": None,
-                "signal": None,
-                "kwargs": {},
-            }
+            model, pk = args
         else:
             raise TypeError(
                 f"{self.name}.trigger() takes a model instance, or a model class and a primary "
                 f"key; got args={args!r} kwargs={kwargs!r}."
             )
-        return payload
+        self._check_model(model)
+        return {
+            "model": _label(model),
+            "pk": _checked_pk(self.name, model, pk),
+            "sender": None,
+            "signal": None,
+            "kwargs": {},
+        }
 
     def call_arguments(self, payload: Any) -> tuple[list[Any], dict[str, Any]]:
         """The receiver body takes the payload's fields as keywords (collect mode: the list
@@ -318,19 +301,12 @@ class DebouncedReceiverTask(DebouncedTask):
             "signal": index,
             "kwargs": _signal_kwargs(kwargs),
         }
-        if self.debounce_collect:
-            if payload["model"] is None:
-                raise TypeError(
-                    f"{self.name} collects rows (collect=True) but {signal!r} sent no model "
-                    "instance; use collect=False for signals without an instance."
-                )
-            payload = {"model": payload["model"], "pk": payload["pk"]}
-            stored = dumps(self.pack_item(payload))
-        else:
-            stored = dumps(self.pack(payload))
-        check_size(stored, self.name)
-        key = self.key_for(payload)
-        check_text(key, "key")
+        if self.debounce_collect and payload["model"] is None:
+            raise TypeError(
+                f"{self.name} collects rows (collect=True) but {signal!r} sent no model "
+                "instance; use collect=False for signals without an instance."
+            )
+        key, payload, stored = self._resolved(payload)
         self.trigger_payload(key, payload, using=kwargs.get("using"), payload_json=stored)
 
 
@@ -339,9 +315,7 @@ def _raw(payload: Any) -> bool:
     return bool(isinstance(payload, dict) and (payload.get("kwargs") or {}).get("raw"))
 
 
-def _receiver_body(
-    task_name_holder: list[Any],
-) -> Callable[..., Any]:
+def _receiver_body(task_name_holder: list[Any]) -> Callable[..., Any]:
     def body(
         model: str | None,
         pk: Any,
@@ -362,7 +336,6 @@ def _receiver_body(
             instance = model_cls._default_manager.using(alias).filter(pk=pk).first()
             if instance is None and sig is not post_delete and not task.debounce_call_missing:
                 return None
-        if model_cls is not None and pk is not None:
             pk = model_cls._meta.pk.to_python(pk)  # the model's own type (a UUID, ...)
         sender_cls = apps.get_model(sender) if sender else model_cls
         return handler(
@@ -453,18 +426,16 @@ def debounced_receiver(
     ``instances`` (lists in trigger order; rows gone from the database are left out of
     ``instances``) instead of ``pk`` and ``instance``; the default key is the model label.
 
-    ``options`` are those of ``debounced_task``: this app's (``DebounceOptions``: ``wait``,
-    ``max_wait``, ``key``, ``leading``, ``trailing``, ``overlap``, ``collect``,
-    ``collect_limit``, ``lease``, ``on_commit``, ``backend``) and any Celery task option
-    except ``bind=True``. Returns the task (use it with ``trigger_many`` after bulk writes,
-    or ``.flush(instance)``). Triggers made in a transaction count when it commits
-    (``on_commit``), all of that commit's in one batch. Raw saves (``loaddata``, a
+    ``options`` are those of ``debounced_task``: this app's (``DebounceOptions``) and any
+    Celery task option except ``bind=True``. Returns the task (use it with ``trigger_many``
+    after bulk writes, or ``.flush(instance)``). Triggers made in a transaction count when it
+    commits (``on_commit``), all of that commit's in one batch. Raw saves (``loaddata``, a
     ``pre_save``/``post_save`` with ``raw=True``) trigger nothing unless ``raw=True``; then
     a run gets ``raw=True`` only when every trigger it covers was raw.
     Raises ``ImproperlyConfigured`` for invalid options, ``TypeError`` for unknown ones and
     for a handler that does not take ``**kwargs``.
     """
-    debounce, celery_options = DebounceOptions.split_with_routing(
+    debounce, celery_options = DebounceOptions.split(
         options, extra=("sender", "call_missing", "raw")
     )
     if celery_options.get("bind"):
@@ -486,10 +457,8 @@ def debounced_receiver(
             _check_receiver_key(name, key, collect)
         holder: list[Any] = []
         body = _collect_body(holder) if collect else _receiver_body(holder)
-        body.__name__ = handler.__name__
-        body.__qualname__ = handler.__qualname__
-        body.__module__ = handler.__module__
-        body.__doc__ = handler.__doc__
+        for attr in ("__name__", "__qualname__", "__module__", "__doc__"):
+            setattr(body, attr, getattr(handler, attr))
         task = shared_task(
             base=base,
             name=name,

@@ -1,9 +1,5 @@
-"""Recovery (docs/design.md, "Recovery") run outside a worker's pump: by ``debounce_purge``.
-
-In a worker, recovery is the pump's work: lost runs are found from the lease index, lost
-messages from the due index, every tick, at a cost that grows with what is overdue.
-``recover()`` runs one such pass here, for every registered debounced task.
-"""
+"""Recovery outside a worker's pump, for ``debounce_purge`` (docs/design.md, "Recovery is the
+pump"): ``recover()`` runs one pump pass for every registered debounced task."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""The registered debounced tasks: the only reader of Celery's task list (``current_app.tasks``).
-
-A task is debounced when its class says so (``DebouncedTask.__debounced__ = True``), so this
-module never imports ``tasks.py``: as Celery's ``TaskRegistry`` stays below ``Task``, the
-registry sits just above the ground floor and the stores, the flow, the worker and the
-commands all ask it (docs/design.md, "Layers"). It reads the list every time it is asked: a
-task registered later (a test's private task, a module imported late) is seen at once.
-"""
+"""The registered debounced tasks: the only reader of Celery's task list (``current_app.tasks``),
+read every time it is asked; a task is debounced when its class says so
+(``__debounced__``), so this module never imports ``tasks.py`` (docs/design.md, "Layers")."""
 
 from __future__ import annotations
 

@@ -1,25 +1,8 @@
-"""Which debounced run each pool process is executing, shared by a worker's main process and
-its prefork pool (docs/design.md, "Leases").
-
-The lease keeper runs in the main process and stops a run by killing the pool process that
-runs it. What the main process knows of its pool (``celery.worker.state.active_requests``) lags
-behind: after a stall it still lists a request whose run ended in the child, and that child
-may already run the next task. So the keeper asks the child's own word instead: a child writes
-"run (key hash, sequence) is executing" into its slot of this table right after its claim
-succeeded, and clears it when the body ends. To stop a run the keeper takes the slot's lock,
-checks that the slot still names that run in that process, marks it *stopping*, releases the
-lock and kills the process. A child whose body ends takes the same lock first: a slot marked
-*stopping* means the kill is on its way, and the child waits for it instead of taking another
-task. So the check and the kill are one step with respect to the child moving on.
-
-The table is one anonymous file (``memfd``, else an unlinked temporary file) created in the
-main process before the pool forks, so every child, replacements included, inherits its
-descriptor. Its bytes are the slots (read and written with ``pread``/``pwrite``) and each slot
-is guarded by a POSIX byte-range lock on its first byte (``fcntl.lockf``): a per-process lock
-that dies with the process holding it, so a child killed with the lock held never blocks the
-keeper. Only prefork pools have one (``DebounceStep`` installs it); elsewhere nothing is
-recorded and the keeper stops nothing.
-"""
+"""The run table: which debounced run each pool process of a prefork worker is executing,
+written by the pool process and read by the lease keeper in the main process, so the keeper
+kills a process only while it still runs the run it protects (docs/design.md, "Dispatch at
+scale": the run table). One slot per pool process in an anonymous file inherited through the
+fork, each guarded by a POSIX byte-range lock on its first byte."""
 
 from __future__ import annotations
 
@@ -31,7 +14,8 @@ import signal
 import struct
 import tempfile
 import time
-from types import TracebackType
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 logger = logging.getLogger("django_debounce")
@@ -182,12 +166,7 @@ class RunTable:
         """Whether process ``pid`` said, in ``snapshot``, that it executes that run (so the run
         had been claimed when the snapshot was taken)."""
         got = snapshot.get(pid)
-        return (
-            got is not None
-            and got[1] in (RUNNING, STOPPING)
-            and got[2] == seq
-            and got[3] == bytes.fromhex(key_hash)
-        )
+        return got is not None and _executes(*got[1:], key_hash, seq)
 
     def _lock_within(self, slot: int, seconds: float) -> bool:
         """Take a slot's lock, waiting at most ``seconds`` (a pool process holds it for a few
@@ -198,15 +177,6 @@ class RunTable:
                 return False
             time.sleep(0.005)
         return True
-
-    def _is(self, slot: int, pid: int, key_hash: str, seq: int, states: tuple[int, ...]) -> bool:
-        got_pid, state, got_seq, hashed, _label = self._read(slot)
-        return (
-            got_pid == pid
-            and state in states
-            and got_seq == seq
-            and hashed == bytes.fromhex(key_hash)
-        )
 
     def stop(self, pid: int, key_hash: str, seq: int) -> str | None:
         """Kill process ``pid`` if, checked now under its slot's lock, it still executes the
@@ -222,9 +192,9 @@ class RunTable:
             if not self._lock_within(slot, 1.0):
                 return None  # held by a stopped process: the next tick tries again
             try:
-                if not self._is(slot, pid, key_hash, seq, (RUNNING, STOPPING)):
+                got_pid, state, got_seq, hashed, label = self._read(slot)
+                if got_pid != pid or not _executes(state, got_seq, hashed, key_hash, seq):
                     return None
-                _pid, _state, _seq, hashed, label = self._read(slot)
                 self._write(slot, pid, STOPPING, seq, hashed, label)
             finally:
                 self._unlock(slot)
@@ -233,6 +203,11 @@ class RunTable:
         finally:
             if pidfd is not None:
                 os.close(pidfd)
+
+
+def _executes(state: int, got_seq: int, hashed: bytes, key_hash: str, seq: int) -> bool:
+    """Whether a slot's ``state``, sequence and key hash say it executes run ``(key_hash, seq)``."""
+    return state in (RUNNING, STOPPING) and got_seq == seq and hashed == bytes.fromhex(key_hash)
 
 
 def _gone(pid: int) -> bool:
@@ -300,36 +275,25 @@ def _register(**kwargs: Any) -> None:
         TABLE.register()
 
 
-class executing:  # noqa: N801  (used as a context manager, as contextlib's helpers)
+@contextmanager
+def executing(key_hash: str, seq: int | None, key: str) -> Iterator[None]:
     """``with executing(key_hash, seq, key):`` around a claimed run's body in a pool process:
     the run is in the table while the body runs. Does nothing outside a prefork pool process
     (no table, or the main process) and for runs claimed without a message (``seq`` None)."""
-
-    __slots__ = ("hashed", "key", "seq", "table")
-
-    def __init__(self, key_hash: str, seq: int | None, key: str) -> None:
-        self.hashed, self.seq, self.key = key_hash, seq, key
-        self.table: RunTable | None = None
-
-    def __enter__(self) -> None:
-        table = TABLE
-        if table is None or self.seq is None or os.getpid() == table.owner:
-            return
-        try:
-            if table.started(self.hashed, self.seq, self.key):
-                self.table = table
-        except (OSError, ValueError):
-            logger.exception("django_debounce: could not record a run in the run table")
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        if self.table is None:
-            return
-        try:
-            self.table.ended()
-        except OSError:
-            logger.exception("django_debounce: could not clear a run from the run table")
+    table = TABLE
+    if table is None or seq is None or os.getpid() == table.owner:
+        yield
+        return
+    try:
+        recorded = table.started(key_hash, seq, key)
+    except (OSError, ValueError):
+        logger.exception("django_debounce: could not record a run in the run table")
+        recorded = False
+    try:
+        yield
+    finally:
+        if recorded:
+            try:
+                table.ended()
+            except OSError:
+                logger.exception("django_debounce: could not clear a run from the run table")

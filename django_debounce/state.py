@@ -62,9 +62,7 @@ class Finish:
     running it (its attempts ran out with lost runs): only the claimed triggers that an attempt
     covered fail; the others go back to pending, due at once (``Claim.attempted`` says how
     many were attempted). ``started_at``: the run's ``Claim.started_at``; when given, only
-    the run claimed then is finished (a key whose Redis state was lost and rebuilt from its
-    durable record may hand out a run id again: the finish of the earlier run with that id
-    changes nothing); ``None``: the run id alone says which run ends."""
+    the run claimed then is finished; ``None``: the run id alone says which run ends."""
 
     ok: bool
     error: str = ""

@@ -1,21 +1,7 @@
 """The per-task summary of the admin: triggers in, runs out, coalescing ratio and the
-trigger-to-start delay (median, 95th percentile) over a period, with counts per time bucket.
-
-Everything is aggregated in the database, in a fixed number of queries whatever the size of
-the tables (docs/design.md, "Models, admin, commands and signals"); the SQL is in
-``summary_sql.py``:
-
-1. one ``GROUP BY task_name`` over the runs that started in the period (an index-only scan of
-   one of the covering indexes of migration 0003); on PostgreSQL the percentiles are
-   computed in the same query with ``percentile_cont``;
-2. elsewhere one more statement for the percentiles of the tasks on the page;
-3. the counts per time bucket for the charts (one statement; two on SQLite);
-4. one ``GROUP BY task_name`` over the keys that are pending or running now.
-
-A lost run (its lease ran out) and a retried one (its body failed and its triggers went back
-to pending) are redone by a later run covering the same triggers, so they are counted apart
-and left out of triggers, runs and delays.
-"""
+trigger-to-start delay (median, 95th percentile) over a period, with counts per time bucket,
+aggregated in the database in a fixed number of queries (docs/design.md, "Models, admin,
+commands and signals"; the SQL is in ``summary_sql.py``)."""
 
 from __future__ import annotations
 
@@ -50,6 +36,8 @@ DEFAULT_PERIOD = "24h"
 FRACTIONS = (0.5, 0.95)
 PER_PAGE = 50
 METHODS = ("auto", "sql", "offset")
+# The counts of a TaskSummary (query 1 gives them as n_<name>, but active_keys).
+COUNTS = ("runs", "triggers", "failures", "retried", "lost", "active_keys")
 # Runs whose triggers a later run covers again: counted apart, never as runs out.
 REDONE = (DebounceRun.Outcome.LOST, DebounceRun.Outcome.RETRY)
 
@@ -96,7 +84,6 @@ class Summary:
     page: int
     pages: int
     task_count: int
-    percentile_method: str
 
 
 def summarize(
@@ -154,15 +141,7 @@ def summarize(
         _fill_percentiles(shown, alias, since, until)
     n_buckets = int(length / width)
     starts = [since + width * i for i in range(n_buckets)]
-    totals = TaskSummary(
-        task_name="",
-        runs=sum(s.runs for s in summaries),
-        triggers=sum(s.triggers for s in summaries),
-        failures=sum(s.failures for s in summaries),
-        retried=sum(s.retried for s in summaries),
-        lost=sum(s.lost for s in summaries),
-        active_keys=sum(s.active_keys for s in summaries),
-    )
+    totals = TaskSummary("", **{n: sum(getattr(s, n) for s in summaries) for n in COUNTS})
     _fill_buckets(totals, shown, runs.filter(counted), alias, vendor, starts, width)  # query 3
     return Summary(
         period=period,
@@ -175,7 +154,6 @@ def summarize(
         page=page,
         pages=pages,
         task_count=len(summaries),
-        percentile_method=method,
     )
 
 
@@ -197,18 +175,10 @@ def _per_task(runs: Any, alias: str, aggregates: dict[str, Any]) -> list[TaskSum
     summaries = []
     for name in set(per_task) | set(active):
         row = per_task.get(name, {})
+        counts: dict[str, Any] = {n: row.get(f"n_{n}") or 0 for n in COUNTS}
+        counts["active_keys"] = active.get(name, 0)
         summaries.append(
-            TaskSummary(
-                task_name=name,
-                runs=row.get("n_runs") or 0,
-                triggers=row.get("n_triggers") or 0,
-                failures=row.get("n_failures") or 0,
-                retried=row.get("n_retried") or 0,
-                lost=row.get("n_lost") or 0,
-                active_keys=active.get(name, 0),
-                median_delay=row.get("p50"),
-                p95_delay=row.get("p95"),
-            )
+            TaskSummary(name, **counts, median_delay=row.get("p50"), p95_delay=row.get("p95"))
         )
     return summaries
 

@@ -1,20 +1,6 @@
-"""The SQL behind the admin summary (``summary.py``): percentiles and time-bucket counts of
-the run history, computed in the database, never by loading the runs into Python.
-
-Percentiles of the trigger-to-start delay, per task, interpolated as PostgreSQL's
-``percentile_cont`` does (linear, between the two nearest values):
-
-- PostgreSQL: the ``percentile_cont`` ordered-set aggregate (``PercentileCont``), in the same
-  ``GROUP BY`` as the counts;
-- SQLite: for each task and percentile, ``ORDER BY delay LIMIT 2 OFFSET k`` walking the
-  SQLite-only index ``debounce_run_task_delay`` (task, delay, ...) from whichever end is
-  nearer, so no sort and at most half a task's index entries per median (``offset_percentiles``);
-  all of them in one statement.
-
-Time buckets: ``GROUP BY task, bucket`` with the bucket computed in SQL (``Bucket``) on
-PostgreSQL; on SQLite, whose ``GROUP BY`` sorts every row, one count per bucket over the
-covering indexes (``sqlite_bucket_counts``).
-"""
+"""The SQL behind the admin summary (``summary.py``): percentiles of the trigger-to-start delay
+per task (interpolated as PostgreSQL's ``percentile_cont``) and time-bucket counts of the run
+history, computed in the database (docs/design.md, "Models, admin, commands and signals")."""
 
 from __future__ import annotations
 

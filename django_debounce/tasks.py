@@ -1,22 +1,17 @@
-"""The Celery task class: trigger -> fire -> claim -> run body -> finish.
-
-The state machine's rules live in the stores (``backends/``); this layer asks the store what to
-do with each trigger and each dispatch message and does it.
-"""
+"""The Celery task class: trigger -> fire -> claim -> run body -> finish; the stores decide
+(``backends/``), this layer does what they say."""
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import inspect
 import logging
-import os
 import threading
 import time
 import traceback
 import weakref
 from collections.abc import Callable
-from functools import partial
+from functools import cached_property, partial
 from typing import Any, ClassVar
 
 from celery import Task
@@ -31,8 +26,9 @@ from django.db import (
     router,
     transaction,
 )
+from django.utils.asyncio import async_unsafe
 
-from django_debounce import argtypes, conf, dbtime, observe, registry, runtable
+from django_debounce import argtypes, conf, dbtime, observe, runtable
 from django_debounce.backends import get_backend
 from django_debounce.backends.base import BaseBackend
 from django_debounce.dispatch import (
@@ -50,8 +46,10 @@ from django_debounce.keys import (
     key_hash,
     payload_signature,
 )
+from django_debounce.options import DEFAULT_COLLECT_LIMIT, trigger_options
 from django_debounce.state import (
     Claim,
+    Dispatch,
     Finish,
     FireAction,
     FlightOptions,
@@ -104,7 +102,7 @@ class DebouncedTask(Task):
     debounce_leading: bool = False
     debounce_trailing: bool = True
     debounce_collect: bool = False
-    debounce_collect_limit: int = 1000
+    debounce_collect_limit: int = DEFAULT_COLLECT_LIMIT
     # The decorator's routing options (queue=, routing_key=, ...), given to every publish
     # (options.ROUTING_OPTIONS: Celery 5.5+ deprecates them as task attributes).
     debounce_route: ClassVar[dict[str, Any]] = {}
@@ -116,7 +114,7 @@ class DebouncedTask(Task):
         """Quiet period in seconds (``DEBOUNCE_DEFAULT_WAIT`` when the decorator gave none)."""
         if self.debounce_wait is not None:
             return self.debounce_wait
-        return conf.seconds(conf.get("DEFAULT_WAIT"), name="DEBOUNCE_DEFAULT_WAIT")  # type: ignore[return-value]
+        return conf.seconds_of("DEFAULT_WAIT")
 
     @property
     def lease(self) -> float:
@@ -129,7 +127,7 @@ class DebouncedTask(Task):
         limit = self.time_limit or self.app.conf.task_time_limit
         if limit:
             return float(limit) + LEASE_MARGIN
-        lease = conf.seconds(conf.get("LEASE"), name="DEBOUNCE_LEASE")
+        lease = conf.seconds_of("LEASE")
         if not lease:
             raise ImproperlyConfigured("DEBOUNCE_LEASE must be more than 0 seconds.")
         return lease
@@ -142,11 +140,8 @@ class DebouncedTask(Task):
     def flight_options(self) -> FlightOptions:
         """The task's configuration as the stores need it (read when used, so
         ``override_settings`` of ``DEBOUNCE_DEFAULT_WAIT`` and ``DEBOUNCE_LEASE`` applies).
-        ``max_wait`` is never below ``wait``, as lodash's ``maxWait``.
-
-        Kept until a ``DEBOUNCE_`` setting or the task's ``time_limit`` changes: every
-        trigger asks, and reading Celery's ``task_time_limit`` costs about 30 us (Celery's
-        configuration is read once per settings change, as it is fixed once the app runs)."""
+        ``max_wait`` is never below ``wait``, as lodash's ``maxWait``. Kept until a
+        ``DEBOUNCE_`` setting or the task's ``time_limit`` changes."""
         cached = self.__dict__.get("_flight_options_cache")
         if cached is not None and cached[0] == (conf.generation, self.time_limit):
             return cached[1]  # type: ignore[no-any-return]
@@ -174,19 +169,13 @@ class DebouncedTask(Task):
         """The store of this task's keys (``backend=`` of the decorator or ``DEBOUNCE_BACKEND``)."""
         return get_backend(self.debounce_backend)
 
-    @property
+    @cached_property
     def _binder(self) -> PayloadBinder:
-        binder = self.__dict__.get("_binder_cache")
-        if binder is None:
-            binder = self.__dict__["_binder_cache"] = PayloadBinder(payload_signature(self.run))
-        return binder
+        return PayloadBinder(payload_signature(self.run))
 
+    @cached_property
     def _wants_runinfo(self) -> bool:
-        wants = self.__dict__.get("_wants_cache")
-        if wants is None:
-            wants = RESERVED_PARAMETER in inspect.signature(self.run).parameters
-            self.__dict__["_wants_cache"] = wants
-        return wants
+        return RESERVED_PARAMETER in inspect.signature(self.run).parameters
 
     # -- keys and payloads ----------------------------------------------------------------
 
@@ -223,12 +212,7 @@ class DebouncedTask(Task):
                 f"key= of {self.name} could not be called with the task's arguments ({exc}); "
                 f"it must accept the task's signature {self._binder.sig}."
             ) from None
-        if not isinstance(key, str):
-            raise TypeError(
-                f"key= of {self.name} must return a str, got {type(key).__name__}: {key!r}."
-            )
-        check_text(key, "key")
-        return key, payload, stored
+        return self._checked_key(key), payload, stored
 
     def _resolve_item(self, args: tuple, kwargs: dict) -> tuple[str, Any, str | None]:
         """Collect mode: ``trigger(item)`` takes one JSON value; the key is the task name, or
@@ -244,13 +228,17 @@ class DebouncedTask(Task):
         check_size(encoded, self.name)
         if self.debounce_key is None:
             return self.name, item, encoded
-        key = self.debounce_key(item)
+        return self._checked_key(self.debounce_key(item)), item, encoded
+
+    def _checked_key(self, key: Any) -> str:
+        """``key=``'s answer, refused unless a str a store can keep (``TypeError``,
+        ``ValueError``)."""
         if not isinstance(key, str):
             raise TypeError(
                 f"key= of {self.name} must return a str, got {type(key).__name__}: {key!r}."
             )
         check_text(key, "key")
-        return key, item, encoded
+        return key
 
     def call_arguments(self, payload: Any) -> tuple[list[Any], dict[str, Any]]:
         """Turn a stored payload back into the body's positional and keyword arguments
@@ -275,6 +263,10 @@ class DebouncedTask(Task):
 
     # -- the public face ------------------------------------------------------------------
 
+    @async_unsafe(
+        "trigger() was called from async code (a running event loop): use "
+        "`await task.atrigger(...)` there, or sync_to_async(task.trigger)."
+    )
     def trigger(self, *args: Any, **kwargs: Any) -> TriggerResult:
         """Count one trigger for the key of these arguments; the body runs later, once per burst.
 
@@ -291,7 +283,6 @@ class DebouncedTask(Task):
         flight waits in the store's due index until a pump publishes it (invariant I8); it
         raises only when no store can record it.
         """
-        _refuse_in_event_loop(self.name, "atrigger")
         return self._trigger_sync(*args, **kwargs)
 
     async def atrigger(self, *args: Any, **kwargs: Any) -> TriggerResult:
@@ -304,36 +295,21 @@ class DebouncedTask(Task):
         return await sync_to_async(self._trigger_sync, thread_sensitive=True)(*args, **kwargs)
 
     def _trigger_sync(self, *args: Any, **kwargs: Any) -> TriggerResult:
-        options = self._call_options(kwargs.pop(WAIT_KWARG, None), kwargs.pop(MAX_WAIT_KWARG, None))
+        options = trigger_options(kwargs, self.flight_options)
         key, payload, encoded = self._resolve(args, kwargs)
         return self.trigger_payload(
             key, payload, using=self.alias_of(payload), payload_json=encoded, options=options
         )
 
-    def _call_options(self, wait: Any, max_wait: Any) -> FlightOptions | None:
-        """The options of one trigger given ``debounce_wait``/``debounce_max_wait`` at the
-        call (``None``: the task's). Raises ``TypeError``/``ValueError`` naming the fix."""
-        if wait is None and max_wait is None:
-            return None
-        base = self.flight_options()
-        if wait is not None:
-            wait = _call_seconds(wait, WAIT_KWARG)
-        else:
-            wait = base.wait
-        if max_wait is not None:
-            max_wait = _call_seconds(max_wait, MAX_WAIT_KWARG)
-        else:
-            max_wait = base.max_wait
-        if max_wait is not None and max_wait < wait:
-            max_wait = wait  # as lodash: maxWait is never below wait
-        return dataclasses.replace(base, wait=wait, max_wait=max_wait)
-
+    @async_unsafe(
+        "status() was called from async code (a running event loop): use "
+        "`await task.astatus(...)` there, or sync_to_async(task.status)."
+    )
     def status(self, *args: Any, **kwargs: Any) -> KeyStatus | None:
         """The key of these arguments as its store holds it now (pending triggers, due time,
         live run, last run and outcome, totals), without triggering it; ``None`` when the key
         is unknown (never triggered, or purged). Arguments as ``trigger()``'s. Live values
         come from Redis for keys the Redis store holds."""
-        _refuse_in_event_loop(self.name, "astatus")
         return self._status(args, kwargs)
 
     async def astatus(self, *args: Any, **kwargs: Any) -> KeyStatus | None:
@@ -363,20 +339,16 @@ class DebouncedTask(Task):
             return None
         merged = {**(row or {}), **(values or {})}
         lease = merged.get("running_until")
+        counts = ("pending", "flight_id", "triggers", "runs", "merged", "cancelled")
         return KeyStatus(
             key=(row or {}).get("key") or key,
             state=str(merged.get("state") or "idle"),
-            pending=int(merged.get("pending") or 0),
-            flight_id=int(merged.get("flight_id") or 0),
             due_at=merged.get("due_at") if merged.get("pending") else None,
             running=lease is not None,
             lease_until=lease,
             last_run_at=merged.get("last_run_at"),
             last_outcome=str(merged.get("last_outcome") or ""),
-            triggers=int(merged.get("triggers") or 0),
-            runs=int(merged.get("runs") or 0),
-            merged=int(merged.get("merged") or 0),
-            cancelled=int(merged.get("cancelled") or 0),
+            **{name: int(merged.get(name) or 0) for name in counts},
         )
 
     def trigger_s(self, *args: Any, **kwargs: Any) -> Any:
@@ -415,16 +387,21 @@ class DebouncedTask(Task):
         """
         if not conf.get("ENABLED"):
             return TriggerResult(key, None, None, None, scheduled=False)
-        on_commit = self.debounce_on_commit
-        if on_commit is None:
-            on_commit = bool(conf.get("ON_COMMIT"))
-        alias = deferring_alias(using) if on_commit else None
+        alias = self._deferring(using)
         if alias is not None:
             _defer(alias, self, [(key, payload, payload_json)], options)
             return TriggerResult(key, None, None, None, scheduled=False, deferred=True)
         result = self._trigger_now(key, payload, payload_json, options=options)
         observe.triggered(self, result)
         return result
+
+    def _deferring(self, using: str | None) -> str | None:
+        """The database whose open transaction this task's trigger waits for (``None``:
+        it counts now): ``deferring_alias(using)`` unless ``on_commit`` is off."""
+        on_commit = self.debounce_on_commit
+        if on_commit is None:
+            on_commit = bool(conf.get("ON_COMMIT"))
+        return deferring_alias(using) if on_commit else None
 
     def _trigger_now(
         self,
@@ -443,12 +420,17 @@ class DebouncedTask(Task):
             payload_json=payload_json if payload_json is not None else dumps(payload),
             options=options or self.flight_options(),
         )
-        if dispatch is not None and not is_eager(self):
-            # Due within the pump interval: out at once. A failed publish puts the flight
-            # back in the due index (the pump publishes it once the broker is back).
-            if not publish_or_release(self, backend, dispatch):
-                result = _unpublished(result)
-        return result
+        return self._published(backend, result, dispatch)
+
+    def _published(
+        self, backend: BaseBackend, result: TriggerResult, dispatch: Dispatch | None
+    ) -> TriggerResult:
+        """``result`` after publishing ``dispatch``, the message of a flight due within the
+        pump interval: ``scheduled=False, publish_failed=True`` when the broker refused it
+        (the flight is back in the due index for a pump)."""
+        if dispatch is None or is_eager(self) or publish_or_release(self, backend, dispatch):
+            return result
+        return dataclasses.replace(result, scheduled=False, publish_failed=True)
 
     def before_send(
         self, resolved: list[tuple[str, Any, str | None]]
@@ -465,12 +447,9 @@ class DebouncedTask(Task):
         is open, as ``trigger`` is."""
         if not conf.get("ENABLED"):
             return [TriggerResult(key, None, None, None, scheduled=False) for key, _, _ in resolved]
-        on_commit = self.debounce_on_commit
-        if on_commit is None:
-            on_commit = bool(conf.get("ON_COMMIT"))
         if using is None and resolved:
             using = self.alias_of(resolved[0][1])
-        alias = deferring_alias(using) if on_commit else None
+        alias = self._deferring(using)
         if alias is not None:
             _defer(alias, self, resolved, None)
             return [
@@ -497,9 +476,7 @@ class DebouncedTask(Task):
             for result, dispatch in backend.trigger_many(
                 task_name=self.name, items=items, options=options
             ):
-                if dispatch is not None and not is_eager(self):
-                    if not publish_or_release(self, backend, dispatch):
-                        result = _unpublished(result)
+                result = self._published(backend, result, dispatch)
                 observe.triggered(self, result)
                 out.append(result)
         return out
@@ -564,7 +541,7 @@ class DebouncedTask(Task):
         message = kwargs.pop(DISPATCH_KWARG, None)
         if message is None:
             # A plain call (delay/apply_async/direct): not debounced, so no run facts.
-            if self._wants_runinfo():
+            if self._wants_runinfo:
                 kwargs.setdefault(RESERVED_PARAMETER, None)
             return super().__call__(*args, **kwargs)
         parsed = parse_message(message)
@@ -720,10 +697,8 @@ class DebouncedTask(Task):
         )
         max_retries = self.max_retries
         if max_retries is not None and claim.attempt > max_retries:
-            # Runs lost with their worker (killed, out of memory) count as attempts too: a
-            # flight that keeps killing its worker is given up like one that keeps failing.
-            # Only its triggers that an attempt covered are given up: a trigger made after
-            # the last attempt was lost goes back to pending and gets a run of its own.
+            # Runs lost with their worker count as attempts too; only the triggers an attempt
+            # covered are given up (Finish.give_up).
             error = (
                 f"given up after {claim.attempt} attempts (max_retries={max_retries}); "
                 "the last ones were lost with their worker"
@@ -732,14 +707,12 @@ class DebouncedTask(Task):
             observe.run_finished(self, claim, time.monotonic(), observe.FAILURE, error)
             return None
         args, kwargs = self.call_arguments(claim.payload)
-        if self._wants_runinfo():
+        if self._wants_runinfo:
             kwargs[RESERVED_PARAMETER] = info
         started = observe.run_started(self, claim)
         try:
-            # In a worker, the lease keeper (keeper.py) extends the lease from the main
-            # process while the body runs; `debounce.heartbeat()` does it by hand. A pool
-            # process says which run it executes until the body ends (runtable.py): the
-            # keeper stops a process only while it still runs the run it protects.
+            # A pool process says which run it executes until the body ends, for the lease
+            # keeper (runtable.py).
             with runtable.executing(claim.key_hash, seq, claim.key):
                 result = self._call_body(args, kwargs, claim.attempt)
         except Exception as exc:
@@ -814,53 +787,6 @@ class DebouncedTask(Task):
             publish_or_release(self, backend, follow)
 
 
-def _unpublished(result: TriggerResult) -> TriggerResult:
-    """``result`` of a trigger whose dispatch message the broker refused: not scheduled (its
-    flight waits in the due index for a pump), and saying so."""
-    return dataclasses.replace(result, scheduled=False, publish_failed=True)
-
-
-# The keywords of a trigger call that are not the task's arguments: this trigger's own wait
-# and max_wait (a task body may not name a parameter so).
-WAIT_KWARG = "debounce_wait"
-MAX_WAIT_KWARG = "debounce_max_wait"
-
-
-def _call_seconds(value: Any, name: str) -> float:
-    """A duration given at a trigger call, in seconds. Raises ``TypeError``/``ValueError``
-    naming the keyword and the accepted forms."""
-    from datetime import timedelta
-
-    if isinstance(value, timedelta):
-        value = value.total_seconds()
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name}= takes seconds (int or float) or a timedelta, got {value!r}.")
-    if not (0 <= value <= conf.MAX_SECONDS):
-        raise ValueError(
-            f"{name}= must be from 0 to {conf.MAX_SECONDS:.0f} seconds (a year), got {value!r}."
-        )
-    return float(value)
-
-
-def _refuse_in_event_loop(task_name: str, instead: str) -> None:
-    """Raise Django's ``SynchronousOnlyOperation`` naming the async twin when a sync method is
-    called from a running event loop (an ``async def`` view): the database store, and the
-    Redis store when a flight opens, would block the loop or fail half-way. As Django does,
-    ``DJANGO_ALLOW_ASYNC_UNSAFE`` lifts it."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return
-    if os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE"):
-        return
-    from django.core.exceptions import SynchronousOnlyOperation
-
-    raise SynchronousOnlyOperation(
-        f"{task_name}: trigger() was called from async code (a running event loop); use "
-        f"`await task.{instead}(...)` there, or sync_to_async(task.trigger)."
-    )
-
-
 def deferring_alias(using: str | None) -> str | None:
     """The database whose open transaction a trigger waits for (``None``: none is open, the
     trigger counts at once). With ``using`` (a receiver's row lives there, or a signal's
@@ -879,12 +805,10 @@ def deferring_alias(using: str | None) -> str | None:
 
 
 class _CommitBatch:
-    """The triggers of one thread waiting for one commit of one database. Each registers a
-    callback of its own, so a savepoint that rolls back drops it as Django drops any callback
-    made inside it; the batch holds them by weak reference, so a dropped one is left out.
-    The first callback to run at the commit sends the batch, one ``trigger_many`` per task
-    (and run of equal per-call options): callbacks registered after the transaction's first
-    trigger find it sent (docs/guide/imports.md)."""
+    """The triggers of one thread waiting for one commit of one database, each with a
+    callback of its own (held by weak reference: one a savepoint rollback dropped is left
+    out). The first callback to run sends the batch, one ``trigger_many`` per task and run of
+    equal per-call options (docs/guide/imports.md)."""
 
     def __init__(self) -> None:
         self.entries: list[tuple[Any, DebouncedTask, list[Any], FlightOptions | None]] = []
@@ -937,8 +861,3 @@ def _defer(
     batch.entries.append((weakref.ref(waiting), task, resolved, options))
     # robust: a failure is logged by Django and the caller's later callbacks still run
     transaction.on_commit(waiting, using=alias, robust=True)
-
-
-# The registered debounced task called ``name`` (``UnknownTask`` otherwise): ``registry.get``,
-# under the name it had here before the registry existed.
-get_debounced_task = registry.get

@@ -32,18 +32,27 @@ def backend_path(value: str | None = None) -> str:
     return ALIASES.get(value, value)
 
 
-@cache
-def _load(path: str) -> BaseBackend:
+def backend_class(path: str) -> type[BaseBackend]:
+    """The store class at the dotted ``path``. Raises ``ImproperlyConfigured`` naming the
+    accepted values when it cannot be imported or is not a ``BaseBackend`` subclass."""
+    accepted = (
+        "Use 'auto', 'redis' (with django-redis installed), 'database', or the dotted path of "
+        "a subclass of django_debounce.backends.base.BaseBackend."
+    )
     try:
         cls = import_string(path)
     except ImportError as exc:
         raise ImproperlyConfigured(
-            f"DEBOUNCE_BACKEND={path!r} cannot be imported ({exc}). Use 'auto', 'redis', "
-            "'database', or the dotted path of a BaseBackend subclass."
+            f"DEBOUNCE_BACKEND={path!r} cannot be imported ({exc}). {accepted}"
         ) from exc
     if not (isinstance(cls, type) and issubclass(cls, BaseBackend)):
-        raise ImproperlyConfigured(f"DEBOUNCE_BACKEND={path!r} is not a BaseBackend subclass.")
-    return cls()
+        raise ImproperlyConfigured(f"DEBOUNCE_BACKEND={path!r} is not a store class. {accepted}")
+    return cls
+
+
+@cache
+def _load(path: str) -> BaseBackend:
+    return backend_class(path)()
 
 
 _by_name: dict[str | None, BaseBackend] = {}

@@ -1,14 +1,7 @@
-"""The store contract: the operations of the per-key state machine (docs/design.md, "The state
-machine" and "Dispatch at scale"), and the due index every store keeps.
-
-Each store implements these names with identical semantics (the conformance suite and the
-property test run every store against ``django_debounce/machine.py``, the reference model); the flow
-layer (``tasks.py``, ``pump.py``) asks a store what to do and does it, it never re-decides.
-
-Times are the store's clock (Redis ``TIME``, the database's ``clock_timestamp()``); ``now``
-arguments exist for ``run_due`` and the property tests and replace that clock for one call
-(``None``: the store's own clock). Durations are seconds.
-"""
+"""The store contract: the operations of the per-key state machine and the due index
+(docs/design.md, "State machine", "Dispatch at scale"). Every store implements them with the
+semantics of ``django_debounce/machine.py``; ``now`` arguments replace the store's clock for
+one call (``None``: its own); durations are seconds."""
 
 from __future__ import annotations
 
@@ -37,19 +30,6 @@ class Taken:
     dispatches: list[Dispatch] = field(default_factory=list)
     again: int = 0
     next_in: float | None = None
-
-
-class TriggerManyError(Exception):
-    """Some triggers of a ``trigger_many`` batch failed in the store (an error reply for
-    them); the others were counted. ``results`` has one entry per item, ``None`` for each
-    failed one; ``errors`` maps the index of a failed item to its error."""
-
-    def __init__(self, results: list[Any], errors: dict[int, BaseException]) -> None:
-        super().__init__(
-            f"{len(errors)} of {len(results)} triggers failed: {next(iter(errors.values()))}"
-        )
-        self.results = results
-        self.errors = errors
 
 
 @dataclass(frozen=True)

@@ -315,8 +315,9 @@ class Runner:
         from django.contrib.admin import AdminSite
         from django.contrib.admin import site as admin_site
 
+        from django_debounce import registry
         from django_debounce.receivers import DebouncedReceiverTask
-        from django_debounce.tasks import DebouncedTask, get_debounced_task
+        from django_debounce.tasks import DebouncedTask
 
         if tree.body and all(settings_name(stmt) for stmt in tree.body):
             self.verify_settings(tree, ns, checks)
@@ -329,7 +330,7 @@ class Runner:
             ):
                 task = ns[stmt.name]
                 assert isinstance(task, DebouncedTask), f"{stmt.name} is not a DebouncedTask"
-                registered = get_debounced_task(task.name)
+                registered = registry.get(task.name)
                 assert registered is task._get_current_object(), f"{task.name} not registered"
                 kind = "receiver" if isinstance(task, DebouncedReceiverTask) else "task"
                 checks.append(f"{stmt.name}: a registered debounced {kind} ({task.name})")

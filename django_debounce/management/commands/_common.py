@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 
 from django.core.management.base import CommandError
@@ -69,18 +69,29 @@ def tables_in(alias: str) -> Iterator[None]:
         ) from None
 
 
-def check_task(task: str, recorded: Callable[[], set[str]], registered: set[str]) -> None:
+def add_database_argument(parser: argparse.ArgumentParser, more: str = "") -> None:
+    """The ``--database`` option (see ``database_of``); ``more`` ends its help."""
+    parser.add_argument(
+        "--database",
+        default=None,
+        metavar="ALIAS",
+        help="database alias of the debounce tables (default: the one the project's router "
+        f"writes them to){more}",
+    )
+
+
+def check_task(task: str, alias: str) -> None:
     """Refuse a ``--task`` that is neither a registered debounced task here nor recorded in
-    the database (``recorded()`` gives those names), with the likely ones."""
+    the debounce tables of database ``alias``, with the likely ones (``CommandError``)."""
     try:
         registry.get(task)
         return
     except UnknownTask:
         pass
-    known = recorded()
+    known = set(DebounceKey.objects.using(alias).values_list("task_name", flat=True).distinct())
     if task in known:
         return
-    candidates = sorted(known | registered)
+    candidates = sorted(known | registry.names())
     close = difflib.get_close_matches(task, candidates, n=3)
     hint = f" Did you mean {' or '.join(map(repr, close))}?" if close else ""
     names = ", ".join(candidates[:20]) + (", ..." if len(candidates) > 20 else "")

@@ -8,7 +8,12 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_debounce import dbtime, durations, registry
-from django_debounce.management.commands._common import check_task, database_of, tables_in
+from django_debounce.management.commands._common import (
+    add_database_argument,
+    check_task,
+    database_of,
+    tables_in,
+)
 from django_debounce.models import DebounceKey, DebounceRun
 from django_debounce.observe import index_stats
 from django_debounce.recovery import cancel_unregistered, recover
@@ -47,13 +52,7 @@ class Command(BaseCommand):
             metavar="N",
             help="rows deleted per statement (default 1000)",
         )
-        parser.add_argument(
-            "--database",
-            default=None,
-            metavar="ALIAS",
-            help="database alias of the debounce tables (default: the one the project's "
-            "router writes them to); recovery always uses the stores' database",
-        )
+        add_database_argument(parser, "; recovery always uses the stores' database")
 
     def handle(self, *args: Any, **options: Any) -> None:
         try:
@@ -74,11 +73,7 @@ class Command(BaseCommand):
         runs = DebounceRun.objects.using(alias).all()
         task = options["task"]
         if task:
-            check_task(
-                task,
-                lambda: set(keys.values_list("task_name", flat=True).distinct()),
-                registry.names(),
-            )
+            check_task(task, alias)
             keys, runs = keys.filter(task_name=task), runs.filter(task_name=task)
         now = dbtime.now()
         cutoff = now - age

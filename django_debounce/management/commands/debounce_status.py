@@ -7,9 +7,10 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from django_debounce import dbtime, display, live, registry
+from django_debounce import dbtime, display, live
 from django_debounce.management.commands._common import (
     MAX_LIMIT,
+    add_database_argument,
     check_task,
     database_of,
     limit,
@@ -46,13 +47,7 @@ class Command(BaseCommand):
             action="store_true",
             help="the due index per task instead: depth, entries due now, age of the oldest",
         )
-        parser.add_argument(
-            "--database",
-            default=None,
-            metavar="ALIAS",
-            help="database alias of the debounce tables (default: the one the project's "
-            "router writes them to)",
-        )
+        add_database_argument(parser)
         parser.add_argument(
             "--pumps",
             action="store_true",
@@ -66,15 +61,7 @@ class Command(BaseCommand):
         alias = database_of(options["database"])
         with tables_in(alias):
             if options["task"]:
-                check_task(
-                    options["task"],
-                    lambda: set(
-                        DebounceKey.objects.using(alias)
-                        .values_list("task_name", flat=True)
-                        .distinct()
-                    ),
-                    registry.names(),
-                )
+                check_task(options["task"], alias)
             if options["index"]:
                 return self._index(options)
             if options["pumps"]:
