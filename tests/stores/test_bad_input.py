@@ -14,6 +14,7 @@ from django.db import transaction
 from django_debounce import debounced_task, trigger_many
 from django_debounce.exceptions import IntegerTooLong
 from django_debounce.models import DebounceKey
+from tests.support.call_options import bad_calls
 from tests.testapp.models import Item
 from tests.testapp.tasks import item_saved, record
 
@@ -106,11 +107,10 @@ def test_a_bad_primary_key_of_a_receiver_is_refused(store):
 
 @pytest.mark.parametrize(
     "options, text",
+    # every per-call option with every bad value of its kind (tests/support/call_options.py)
     [
-        ({"debounce_wait": 1e12}, "a year"),
-        ({"debounce_wait": -1}, "from 0 to"),
-        ({"debounce_max_wait": float("inf")}, "a year"),
-        ({"debounce_wait": "5s"}, "seconds"),
+        pytest.param(keywords, text, id=",".join(f"{k}={v!r}" for k, v in keywords.items()))
+        for keywords, text in bad_calls()
     ],
 )
 def test_bad_per_trigger_options_are_refused(store, options, text):

@@ -30,6 +30,7 @@ from django_debounce.checks import check_backend
 from django_debounce.keys import dumps, key_hash
 from django_debounce.models import DebounceDue, DebounceKey, DebounceRun
 from django_debounce.state import FireAction, FlightOptions
+from tests.support.call_options import PER_CALL, other_value, resolve
 from tests.support.procs import trigger_from_processes
 from tests.support.servers import RedisServer
 from tests.testapp.models import RunLog
@@ -173,7 +174,10 @@ def test_the_claim_folds_what_the_counter_counted(backend, unique_tag):
     assert (run.triggers, run.last_trigger_at) == (4, t0 + timedelta(seconds=0.3))
 
 
-def test_another_payload_or_a_per_call_wait_takes_the_row_path(backend, unique_tag):
+@pytest.mark.parametrize("option", PER_CALL, ids=[o.name for o in PER_CALL])
+def test_another_payload_or_a_per_call_option_takes_the_row_path(backend, unique_tag, option):
+    """The payload and every option a trigger call gives for itself (``debounce_wait=`` and
+    the like: ``tests/support/call_options.py``) are in the counter's fingerprint."""
     h = hashed(record_slow, unique_tag)
     opts = record_slow.flight_options()
     t0 = timezone.now()
@@ -192,17 +196,16 @@ def test_another_payload_or_a_per_call_wait_takes_the_row_path(backend, unique_t
     assert backend.counted([h]) == {h: 1}
     assert row_values(h)["pending"] == 2  # merged
 
-    # a per-call wait (debounce_wait=5): the row path, which folds the count first and moves
-    # the due time earlier than the task's wait would (it stays no earlier than before)
-    shorter = dataclasses.replace(opts, wait=5.0)
+    # a per-call option (debounce_wait=4, say): the row path, which folds the count first
+    # (and, for a shorter wait, moves the due time earlier than the task's wait would)
+    own = resolve(opts, {option.name: other_value(opts, option)})
+    assert own != opts
     second = row_values(h)["counter_id"]
-    trig(
-        backend, record_slow, unique_tag, t0 + timedelta(seconds=3), payload=other, options=shorter
-    )
+    trig(backend, record_slow, unique_tag, t0 + timedelta(seconds=3), payload=other, options=own)
     row = row_values(h)
     assert (row["pending"], row["triggers"]) == (4, 4)
     assert row["counter_id"] > second
-    assert counter(backend, h)["f"] == fingerprint(dumps(other), shorter)
+    assert counter(backend, h)["f"] == fingerprint(dumps(other), own)
     # the task's own options are another fingerprint: a plain trigger takes the row path too
     trig(backend, record_slow, unique_tag, t0 + timedelta(seconds=4), payload=other)
     assert row_values(h)["pending"] == 5

@@ -18,11 +18,12 @@ fences, and dies, in Redis's clock, no later than the row's ``counter_until``).
 The cases, by line of the fault table:
 
 1. any Redis key forgotten at any step (a counter or a tombstone DEL'd): the rule ``forget``
-   of the state machine ``FaultMachine``, interleaved with triggers (one or a batch, own
-   ``debounce_wait``), the fake clock, takes (publishes refused and released), deliveries (on
-   time, early, lost), in-process claims, finishes (ok, retry), the lease keeper, crashed
-   runs, flush, cancel, and the faults of 3 (Redis stopped and restarted empty, out of
-   memory, read-only, flushed): ``test_faults_at_any_step``;
+   of the state machine ``FaultMachine``, interleaved with triggers (one or a batch; with
+   options of their own, every per-call option of ``tests/support/call_options.py``), the
+   fake clock, takes (publishes refused and released), deliveries (on time, early, lost),
+   in-process claims, finishes (ok, retry), the lease keeper, crashed runs, flush, cancel,
+   and the faults of 3 (Redis stopped and restarted empty, out of memory, read-only,
+   flushed): ``test_faults_at_any_step``;
 2. Redis restarted empty, or flushed, with flights pending (300 keys with counters, messages
    out and runs live): ``test_redis_loses_everything_with_flights_pending``;
 3. Redis refusing: ``OOM`` under ``noeviction`` (triggers take the row path and make no
@@ -101,6 +102,7 @@ from django_debounce.backends.rows import to_us
 from django_debounce.keys import dumps
 from django_debounce.models import DebounceDue, DebounceKey, DebounceRun
 from django_debounce.state import Dispatch, FireAction, FlightOptions
+from tests.support.call_options import call_options
 from tests.support.faults import FaultyRedis, RedisClock, client_of, store_on, use
 from tests.support.helpers import wait_for
 from tests.support.ledger import US, Driver, Key, dt, us
@@ -230,10 +232,10 @@ class FaultMachine(RuleBasedStateMachine):
     @rule(
         k=st.integers(0, 3),
         value=st.sampled_from([1, 1, 2]),
-        own=st.sampled_from([None, None, None, (0.0, None), (0.25, 0.75)]),
+        own=call_options(plain=3, given=2),
         fails=st.booleans(),
     )
-    def trigger(self, k: int, value: int, own: Any, fails: bool) -> None:
+    def trigger(self, k: int, value: int, own: dict[str, float], fails: bool) -> None:
         self.d.trigger(self.key(k), value, own=own, fails=fails)
 
     @rule(

@@ -3,11 +3,13 @@ model of ``django_debounce/machine.py`` under the same random sequence of operat
 
 Hypothesis draws one or two keys, each with its own task configuration (wait, max_wait,
 leading, trailing, overlap, collect with a small collect_limit, lease) and a sequence of:
-triggers, steps of a fake clock, the pump taking due index entries (``take``; some of whose
-publishes fail and are released), deliveries of published messages (on time, early, twice,
-out of order, stale), in-process claims (``run_due``), finishes (ok, retry after a backoff,
-final failure), heartbeats and the lease keeper's extensions, crashes (a claimed run that
-never finishes), lost messages, flush, cancel, and operations at exactly a lease's end.
+triggers (some with options of their own, every per-call option of
+``tests/support/call_options.py``), steps of a fake clock, the pump taking due index entries
+(``take``; some of whose publishes fail and are released), deliveries of published messages
+(on time, early, twice, out of order, stale), in-process claims (``run_due``), finishes (ok,
+retry after a backoff, final failure), heartbeats and the lease keeper's extensions, crashes
+(a claimed run that never finishes), lost messages, flush, cancel, and operations at exactly
+a lease's end.
 
 After every operation the store's answers are compared with the model's (``TriggerResult``,
 ``Dispatch`` seq/countdown, ``FireDecision`` action, every ``Claim`` field), the store's state
@@ -59,6 +61,7 @@ from django_debounce.keys import dumps
 from django_debounce.machine import US, Config, KeyModel, Msg, canon
 from django_debounce.models import DebounceKey, DebounceRun
 from django_debounce.state import Finish, FireAction, FlightOptions
+from tests.support.call_options import call_options, resolve
 from tests.support.peek import peek_database, peek_redis
 from tests.support.workers import Worker
 
@@ -297,25 +300,21 @@ class StoreAgainstModel(RuleBasedStateMachine):
         k=st.integers(0, 1),
         value=st.sampled_from(VALUES),
         fails=st.booleans(),
-        own=st.sampled_from([None, None, (0, None), (US // 4, 3 * US // 4), (3 * US, 4 * US)]),
+        own=call_options(unit=US),
     )
     def trigger(
-        self, k: int, value: Any, fails: bool = False, own: tuple[int, int | None] | None = None
+        self, k: int, value: Any, fails: bool = False, own: dict[str, int] | None = None
     ) -> None:
-        """A trigger (``own``: this trigger's own wait and max_wait, as ``debounce_wait=`` and
-        ``debounce_max_wait=`` give them); when it returns a message to publish at once, the
-        publish may fail (the broker is down): the caller releases it, the flight waits in the
-        index (I8)."""
+        """A trigger (``own``: the options it gives for itself, in microseconds, as
+        ``debounce_wait=`` and the like give them: the store gets them as ``trigger()`` makes
+        them, the model as its rules take them); when it returns a message to publish at once,
+        the publish may fail (the broker is down): the caller releases it, the flight waits in
+        the index (I8)."""
         key = self.keys[k % len(self.keys)]
         payload = self.payload(key, value)
         now = self.tick()
-        opts = options(key.cfg)
-        wait = max_wait = None
-        if own is not None:
-            wait, max_wait = key.model.options(own[0], own[1])
-            opts = replace(
-                opts, wait=wait / US, max_wait=None if max_wait is None else max_wait / US
-            )
+        own = own or {}
+        opts = resolve(options(key.cfg), own, unit=US)
         result, dispatch = self.backend.trigger(
             task_name=key.task,
             key=key.name,
@@ -324,7 +323,7 @@ class StoreAgainstModel(RuleBasedStateMachine):
             options=opts,
             now=dt(now),
         )
-        expected, mdispatch = key.model.trigger(now, payload, wait, max_wait)
+        expected, mdispatch = key.model.trigger(now, payload, **own)
         self.after(key, now, recovers=True)
         got = (result.flight_id, result.pending, us(result.due_at), result.scheduled)
         want = (expected.flight_id, expected.pending, expected.due_at, expected.scheduled)

@@ -29,8 +29,8 @@ ledger, and these are checked as it goes (``claimed``, ``check``) and at the end
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -39,6 +39,7 @@ from django_debounce.exceptions import StoreUnavailable
 from django_debounce.keys import dumps, key_hash
 from django_debounce.models import DebounceDue, DebounceKey, DebounceRun
 from django_debounce.state import Dispatch, Finish, FireAction, FlightOptions
+from tests.support.call_options import resolve
 from tests.support.helpers import wait_for
 from tests.support.peek import peek_database
 
@@ -199,16 +200,15 @@ class Driver:
         key: Key,
         value: Any,
         *,
-        own: tuple[float, float | None] | None = None,
+        own: Mapping[str, Any] | None = None,
         fails: bool = False,
     ) -> Any:
-        """One trigger (``own``: its own ``debounce_wait``/``debounce_max_wait``)."""
-        opts = key.options
-        if own is not None:
-            opts = replace(opts, wait=own[0], max_wait=own[1])
+        """One trigger (``own``: the options it gives for itself, in seconds, ``{"wait": 0}``,
+        as ``trigger()`` makes them: ``tests/support/call_options.py``)."""
+        opts = resolve(key.options, own or {})
         payload = self.payload(value)
         at = self.tick()
-        self.note(f"trigger {key.name} {value} own={own}")
+        self.note(f"trigger {key.name} {value} own={own or {}}")
         result, dispatch = self.backend.trigger(
             task_name=key.task,
             key=key.name,

@@ -2,14 +2,15 @@
 clock and a ledger of every trigger, checked against invariants I1-I8 of docs/design.md after
 every step. No store, no server: the tier of ``tests/unit`` (``test_machine_*.py``).
 
-``KeyLedger`` plays every party a key meets: callers' triggers (on the row path, each with its
-own ``wait``/``max_wait`` or the task's), a Redis **counter** that absorbs plain merges until a
-step that needs the row seals it (``fold``) or until Redis forgets it (its triggers never
-reach the row), the pump's ``take`` (and ``release`` of a refused publish), messages delivered
-on time, early, twice or stale, workers' claims (``fire``), finishes (ok, a retry after a
-backoff, a final failure, a give-up), crashes (a run that never finishes: its lease runs out),
-heartbeats and the lease keeper's extensions, ``flush`` and ``cancel``. The clock is
-``now`` (integer microseconds); only the caller moves it.
+``KeyLedger`` plays every party a key meets: callers' triggers (on the row path, each with
+the options it gives for itself, one mapping ``own`` of ``tests/support/call_options.py``, or
+the task's), a Redis **counter** that absorbs plain merges until a step that needs the row
+seals it (``fold``) or until Redis forgets it (its triggers never reach the row), the pump's
+``take`` (and ``release`` of a refused publish), messages delivered on time, early, twice or
+stale, workers' claims (``fire``), finishes (ok, a retry after a backoff, a final failure, a
+give-up), crashes (a run that never finishes: its lease runs out), heartbeats and the lease
+keeper's extensions, ``flush`` and ``cancel``. The clock is ``now`` (integer microseconds);
+only the caller moves it.
 
 The ledger is built from the rules' answers, the way ``tests/stores/test_properties.py``
 builds its ledger from a store's, and ``check`` holds the key to:
@@ -31,10 +32,12 @@ builds its ledger from a store's, and ``check`` holds the key to:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from django_debounce.machine import US, Config, KeyModel, Msg, canon
+from tests.support.call_options import rules_options
 
 COUNTED = ("live", "ok", "failed", "superseded")  # runs whose triggers count as claimed
 FINAL = ("ok", "failed", "superseded")  # runs whose triggers stay claimed
@@ -85,12 +88,12 @@ class Message:
 
 @dataclass
 class Counter:
-    """A Redis counter: made after a row-path trigger, with that trigger's fingerprint."""
+    """A Redis counter: made after a row-path trigger, with that trigger's fingerprint (its
+    payload, and its options as the rules resolve them: ``own``, every option named)."""
 
     flight: int
     payload: Any
-    wait: int | None
-    max_wait: int | None
+    own: dict[str, Any]
     count: int = 0
     last: int = 0
 
@@ -164,7 +167,7 @@ class KeyLedger:
         counter, self.counter = self.counter, None
         if counter is None or not counter.count:
             return
-        self.model.fold(counter.count, counter.last, counter.wait, counter.max_wait)
+        self.model.fold(counter.count, counter.last, **counter.own)
         for rec in self.recs:
             if rec.status == "counted":
                 rec.status = "pending"
@@ -183,17 +186,16 @@ class KeyLedger:
     # -- triggers -------------------------------------------------------------------------
 
     def trigger(
-        self, value: Any = 1, own: tuple[int, int | None] | None = None, *, fails: bool = False
+        self, value: Any = 1, own: Mapping[str, Any] | None = None, *, fails: bool = False
     ) -> Msg | None:
-        """A trigger on the row path (``own``: its own wait and max_wait); a message it asks
-        for is published, or, when ``fails``, refused by the broker and released (I8). A
-        trigger that leaves a flight open makes a counter with its fingerprint."""
+        """A trigger on the row path (``own``: the options it gives for itself, in
+        microseconds, ``{"wait": 0}``; ``None`` or ``{}``: the task's); a message it asks for
+        is published, or, when ``fails``, refused by the broker and released (I8). A trigger
+        that leaves a flight open makes a counter with its fingerprint."""
         self.settle()
         payload = self.payload(value)
-        wait = max_wait = None
-        if own is not None:
-            wait, max_wait = self.model.options(own[0], own[1])
-        out, msg = self.model.trigger(self.now, payload, wait, max_wait)
+        options = rules_options(self.model, own or {})
+        out, msg = self.model.trigger(self.now, payload, **options)
         self.after(recovers=True)
         self.made += 1
         rec = Rec(self.made, self.now, payload, out.due_at)
@@ -207,7 +209,7 @@ class KeyLedger:
             else:
                 self.publish(msg)
         if out.pending and not self.cfg.collect:
-            self.counter = Counter(self.model.flight_id, payload, wait, max_wait)
+            self.counter = Counter(self.model.flight_id, payload, options)
         return msg
 
     def can_count(self) -> bool:
@@ -234,11 +236,11 @@ class KeyLedger:
         probe.events = []
         if hasattr(probe, "returned"):
             probe.returned = []
-        return probe.trigger(self.now, counter.payload, counter.wait, counter.max_wait)
+        return probe.trigger(self.now, counter.payload, **counter.own)
 
     def count(self) -> None:
-        """A trigger the counter absorbs (its fingerprint: the payload, wait and max_wait of
-        the row-path trigger that made it). Fence 5: the row path would have taken it as a
+        """A trigger the counter absorbs (its fingerprint: the payload and options of the
+        row-path trigger that made it). Fence 5: the row path would have taken it as a
         plain merge, so its due time is that merge's."""
         counter = self.counter
         assert counter is not None and self.can_count()
@@ -718,8 +720,7 @@ class KeyLedger:
             else (
                 self.counter.flight == m.flight_id,
                 repr(self.counter.payload),
-                self.counter.wait,
-                self.counter.max_wait,
+                *self.counter.own.values(),
                 self.counter.count,
                 t(self.counter.last) if self.counter.count else None,
             )

@@ -36,6 +36,7 @@ from collections.abc import Callable
 import pytest
 
 from django_debounce.machine import Config, KeyModel
+from tests.support.call_options import rules_options
 from tests.support.rules import KeyLedger
 
 U = 1000  # the search's time unit (microseconds): wait 2U, lease 3U
@@ -77,9 +78,9 @@ LEAF_DRAIN = 8
 Step = Callable[[KeyLedger], bool]  # applies itself; False: not applicable here
 
 
-def trigger(own: tuple[int | None, int | None] | None) -> Step:
+def trigger(own: dict[str, int] | None) -> Step:
     def step(k: KeyLedger) -> bool:
-        k.trigger(1, own)  # type: ignore[arg-type]
+        k.trigger(1, own)
         return True
 
     return step
@@ -174,9 +175,9 @@ def rollback(k: KeyLedger) -> bool:
 
 STEPS: dict[str, Step] = {
     "trigger": trigger(None),
-    "trigger wait=0": trigger((0, None)),
-    "trigger shorter wait": trigger((U, None)),
-    "trigger smaller max_wait": trigger((None, 3 * U)),
+    "trigger wait=0": trigger({"wait": 0}),
+    "trigger shorter wait": trigger({"wait": U}),
+    "trigger smaller max_wait": trigger({"max_wait": 3 * U}),
     "counted": counted,
     "forgotten": forgotten,
     "claim A": claim("A"),
@@ -266,20 +267,20 @@ def test_a_finish_must_seal_the_counter_its_rejoined_triggers_bound() -> None:
     assert msg is not None
     claim = key.fire(t + 2 * U, msg.seq).claim
     assert claim is not None
-    own = key.options(None, 3 * U)  # (2U, 3U): the fingerprint of the counter made next
-    opened, _msg = key.trigger(t + 2 * U, payload, *own)
+    own = rules_options(key, {"max_wait": 3 * U})  # wait 2U, max_wait 3U: the counter's
+    opened, _msg = key.trigger(t + 2 * U, payload, **own)
     assert opened.pending == 1 and not opened.merged
     key.finish(t + 2 * U, claim.run_id, ok=False, retry_in=U)
     assert (key.pending, key.anchor, key.due, key.entry) == (2, t, t + 4 * U, t + 4 * U)
 
     # a fold there (had the finish not sealed the counter) would leave the entry late
     counter = copy.deepcopy(key)
-    counter.fold(1, t + 2 * U, *own)
+    counter.fold(1, t + 2 * U, **own)
     assert counter.entry is not None and counter.due is not None
     assert counter.entry > counter.due
     # the row path, which the sealed counter sends the trigger to, publishes the flight for
     # its earlier due time at once (its entry becomes the message's retake time)
-    out, row_msg = key.trigger(t + 2 * U, payload, *own)
+    out, row_msg = key.trigger(t + 2 * U, payload, **own)
     assert not out.merged
     assert key.due == t + 3 * U
     assert row_msg is not None and row_msg.countdown == U

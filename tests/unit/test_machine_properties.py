@@ -3,15 +3,16 @@ Hypothesis drives ``KeyModel`` directly (one key, a fake clock) through random s
 a ledger of every trigger (``tests/support/rules.py``) checks I1-I8 after each step.
 
 Each example draws a task configuration (wait, max_wait, leading, trailing, overlap, collect
-with a small limit and byte budget, lease) and a sequence of: triggers (some with their own
-wait/max_wait), triggers a Redis counter absorbs (folded into the row by the next step that
-needs it, or lost when Redis forgets the counter), clock steps and jumps to the key's
-boundaries (due time, lease end, backoff end, message time, entry, give or take 1 us), the
-pump's takes (some of whose publishes the broker refuses: released), deliveries of published
-messages (on time, early, twice, stale) to worker A or B, lost messages, in-process claims
-(``run_due``), finishes (ok, a retry after a backoff, a final failure, a give-up), crashes,
-heartbeats, the lease keeper's extensions, flush and cancel. At the end everything left is run
-(``KeyLedger.drain``) and no trigger may be left pending.
+with a small limit and byte budget, lease) and a sequence of: triggers (some with options of
+their own, every per-call option of ``tests/support/call_options.py``), triggers a Redis
+counter absorbs (folded into the row by the next step that needs it, or lost when Redis
+forgets the counter), clock steps and jumps to the key's boundaries (due time, lease end,
+backoff end, message time, entry, give or take 1 us), the pump's takes (some of whose
+publishes the broker refuses: released), deliveries of published messages (on time, early,
+twice, stale) to worker A or B, lost messages, in-process claims (``run_due``), finishes (ok,
+a retry after a backoff, a final failure, a give-up), crashes, heartbeats, the lease keeper's
+extensions, flush and cancel. At the end everything left is run (``KeyLedger.drain``) and no
+trigger may be left pending.
 
 The same invariants as ``tests/stores/test_properties.py``, which holds each store to these
 rules; here the rules are held to the invariants, hundreds of times faster.
@@ -43,6 +44,7 @@ from hypothesis.stateful import (
 )
 
 from django_debounce.machine import US, Config
+from tests.support.call_options import call_options
 from tests.support.rules import KeyLedger
 
 START = 1_893_456_000 * US  # 2030-01-01, as the store property test
@@ -50,7 +52,6 @@ RETAKE = 5 * US  # DEBOUNCE_DISPATCH_GRACE
 DIRECT = US  # DEBOUNCE_PUMP_INTERVAL
 VALUES = [1, 2, 10, "a"]
 STEPS = [1, 1000, US // 4, US // 2, US, 2 * US, 4 * US, 6 * US, 11 * US]
-OWN = [None, None, (0, None), (US // 4, 3 * US // 4), (3 * US, 4 * US), (US // 4, None)]
 
 EXAMPLES = int(os.environ.get("DEBOUNCE_RULES_EXAMPLES", "200"))
 SETTINGS = settings(
@@ -103,8 +104,8 @@ class RulesAgainstInvariants(RuleBasedStateMachine):
 
     # -- triggers -----------------------------------------------------------------------
 
-    @rule(value=st.sampled_from(VALUES), own=st.sampled_from(OWN), fails=st.booleans())
-    def trigger(self, value: Any, own: tuple[int, int | None] | None, fails: bool) -> None:
+    @rule(value=st.sampled_from(VALUES), own=call_options(unit=US), fails=st.booleans())
+    def trigger(self, value: Any, own: dict[str, int], fails: bool) -> None:
         self.tick()
         self.k.trigger(value, own, fails=fails)
 
