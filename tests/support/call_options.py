@@ -20,15 +20,12 @@ is the task's), never as one argument per option. From here:
 - ``other_value(base, option)``: a value of ``option`` that changes a task's flight options
   (``tests/stores/test_counters.py``: each option is in the counter's fingerprint).
 
-``PER_CALL`` is read from the package by one adapter, ``declared()``: the package has no
-table of its per-call options yet, so it takes the keywords ``trigger()`` takes for itself
-(``django_debounce/tasks.py``'s ``*_KWARG`` constants named ``debounce_<name>``) and gives
-each the kind of its ``FlightOptions`` field's type (``KINDS``: a duration today).
-``tests/unit/test_call_options.py`` checks it against every other place of the package that
-names them (``DebouncedTask._call_options``, ``KeyModel.options``, the decorators' reserved
+``PER_CALL`` is the package's own table of them, ``django_debounce.options.TRIGGER_OPTIONS``
+(keyword, ``FlightOptions`` field, check), each given the kind of its field's type
+(``KINDS``: a duration today). ``tests/unit/test_call_options.py`` checks it against every
+other place of the package that names them (``KeyModel.options``, the decorators' reserved
 parameters). A new per-call option of a known kind is drawn with no edit here; one of a new
-kind needs its ``Kind`` in ``KINDS``. Once the package declares its per-call options (a table
-of name, kind and range), ``declared()`` reads that table.
+kind needs its ``Kind`` in ``KINDS``.
 """
 
 from __future__ import annotations
@@ -41,6 +38,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
+from django_debounce.options import TRIGGER_OPTIONS, trigger_options
 from django_debounce.state import FlightOptions
 
 
@@ -94,19 +92,12 @@ KINDS: dict[str, Kind] = {"float": SECONDS, "float | None": SECONDS}
 
 
 def declared() -> tuple[CallOption, ...]:
-    """The options a trigger call gives for itself, as the package declares them: today the
-    keywords of ``trigger()`` (``tasks.py``'s ``*_KWARG`` constants named
-    ``debounce_<name>``), each of the kind of its ``FlightOptions`` field's type."""
-    from django_debounce import tasks
-
+    """The options a trigger call gives for itself, as the package declares them
+    (``options.TRIGGER_OPTIONS``), each of the kind of its ``FlightOptions`` field's type."""
     types = {f.name: str(f.type) for f in dataclasses.fields(FlightOptions)}
     options = []
-    for attr, keyword in vars(tasks).items():
-        if not (attr.endswith("_KWARG") and isinstance(keyword, str)):
-            continue
-        if not keyword.startswith("debounce_"):
-            continue  # the dispatch message's own keyword, not a caller's
-        name = keyword.removeprefix("debounce_")
+    for keyword, (name, _check) in TRIGGER_OPTIONS.items():
+        assert keyword == f"debounce_{name}", f"{keyword}= does not name its field {name}"
         assert name in types, f"trigger()'s {keyword}= names no field of FlightOptions"
         assert types[name] in KINDS, (
             f"trigger()'s {keyword}= is a {types[name]}: give tests/support/call_options.py's "
@@ -153,24 +144,11 @@ def _in_seconds(own: Mapping[str, Any], unit: int | float) -> dict[str, Any]:
     }
 
 
-class _Task:
-    """What ``DebouncedTask._call_options`` reads of its task: the task's flight options."""
-
-    def __init__(self, base: FlightOptions) -> None:
-        self.base = base
-
-    def flight_options(self) -> FlightOptions:
-        return self.base
-
-
 def resolve(base: FlightOptions, own: Mapping[str, Any], *, unit: int | float = 1) -> FlightOptions:
     """The flight options of a trigger whose task's are ``base`` and that gives ``own`` (in
-    ``unit``), as ``trigger()`` makes them: the package's ``DebouncedTask._call_options``
-    (each option given replaces the task's, ``max_wait`` is never below ``wait``)."""
-    from django_debounce.tasks import DebouncedTask
-
-    given = _in_seconds(own, unit)
-    options = DebouncedTask._call_options(_Task(base), **{name: given.get(name) for name in NAMES})
+    ``unit``), as ``trigger()`` makes them: the package's ``options.trigger_options`` (each
+    option given replaces the task's, ``max_wait`` is never below ``wait``)."""
+    options = trigger_options(keywords(_in_seconds(own, unit)), lambda: base)
     return base if options is None else options
 
 

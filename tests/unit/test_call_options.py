@@ -1,8 +1,8 @@
 """The options a trigger call gives for itself as ``tests/support/call_options.py`` reads
-them from the package (``PER_CALL``), against every other place of the package that names
-them, so that a per-call option the adapter misses (or one it reads that the package does
-not take) fails here, before a property test silently leaves it out; and the strategy the
-property tests draw them from. No server."""
+them from the package (``PER_CALL``, from ``options.TRIGGER_OPTIONS``), against every other
+place of the package that names them, so that a per-call option the adapter misses (or one
+it reads that the package does not take) fails here, before a property test silently leaves
+it out; and the strategy the property tests draw them from. No server."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import inspect
 import pytest
 from hypothesis import find, settings
 
-from django_debounce import debounced_task, tasks
+from django_debounce import debounced_task
 from django_debounce.machine import US, KeyModel
 from django_debounce.state import FlightOptions
 from tests.support.call_options import (
@@ -32,12 +32,10 @@ def parameters(function: object) -> tuple[str, ...]:
 
 
 def test_the_table_names_the_options_trigger_takes() -> None:
-    """The per-call options read from the package (``declared()``: the keywords ``trigger()``
-    takes for itself) are the parameters of the code that makes a call's flight options
-    (``DebouncedTask._call_options``) and of the rules' (``KeyModel.options``), and fields of
+    """The per-call options of the package's table (``options.TRIGGER_OPTIONS``, read by
+    ``declared()``) are the parameters of the rules' ``KeyModel.options`` and fields of
     ``FlightOptions``."""
     assert PER_CALL, "no per-call option found: declared() no longer reads the package"
-    assert set(parameters(tasks.DebouncedTask._call_options)) == set(NAMES)
     assert set(parameters(KeyModel.options)) == set(NAMES)
     fields = {f.name for f in dataclasses.fields(FlightOptions)}
     assert set(NAMES) <= fields
