@@ -73,15 +73,6 @@ def message_of(dispatch: Dispatch) -> dict[str, Any]:
     return {"k": dispatch.key_hash, "s": dispatch.seq, "v": VERSION}
 
 
-def label_of(task: Task, dispatch: Dispatch) -> str:
-    """What Flower and ``celery events`` show of ``dispatch``'s key: the readable key, at most
-    ``LABEL`` characters (cut with ``…``); the key hash's start when there is none."""
-    label = dispatch.label or dispatch.key_hash[:12]
-    if len(label) > LABEL:
-        label = label[: LABEL - 1] + "…"
-    return label
-
-
 def publish(task: Task, dispatch: Dispatch, producer: Any = None) -> None:
     """Publish one dispatch message for ``task``, ``countdown`` seconds from now (never more
     than the pump interval). Under ``task_always_eager`` nothing is published: the flight
@@ -89,7 +80,9 @@ def publish(task: Task, dispatch: Dispatch, producer: Any = None) -> None:
     Celery's ``apply_async`` raises when the broker refuses the message."""
     if is_eager(task):
         return
-    label = label_of(task, dispatch)
+    label = dispatch.label or dispatch.key_hash[:12]  # the readable key, or the hash's start
+    if len(label) > LABEL:
+        label = label[: LABEL - 1] + "…"
     options: dict[str, Any] = {
         "serializer": "json",
         # what Flower and `celery events` show instead of {"__debounce__": {"k": <sha256>...}}

@@ -43,7 +43,7 @@ class Dispatch:
 
     ``seq`` fences it (only the current sequence may claim); ``task_name`` is set by the
     pump's ``take`` (other steps publish for the task at hand); ``label`` is the readable key,
-    which monitoring shows (``kwargsrepr``, cut by ``dispatch.label_of``).
+    which monitoring shows (``kwargsrepr``, cut to ``dispatch.LABEL`` characters).
     """
 
     key_hash: str

@@ -626,8 +626,7 @@ class DebouncedTask(Task):
         ``autoretry_for``, which then narrows retries to those exceptions as in Celery."""
         if isinstance(exc, _RetryRequested):
             return True
-        autoretry = tuple(getattr(self, "autoretry_for", ()) or ())
-        return not autoretry
+        return not getattr(self, "autoretry_for", None)
 
     def retry_delay(self, attempt: int) -> float:
         """Seconds before retry number ``attempt + 1``, from the task's Celery options:

@@ -82,8 +82,7 @@ def db_reuse_max(app: Any) -> Any:
         worker_fixup = getattr(fixup, "_worker_fixup", None)
         if worker_fixup is not None:
             return getattr(worker_fixup, "db_reuse_max", None)
-    value = app.conf.get("CELERY_DB_REUSE_MAX")
-    return value
+    return app.conf.get("CELERY_DB_REUSE_MAX")
 
 
 def worker_stats() -> dict[str, Any]:
