@@ -2,10 +2,10 @@
 refuses one (docs/design.md, "Messages").
 
 A dispatch message is a call of the debounced task itself with one reserved keyword argument,
-``{"__debounce__": {"k": <key hash>, "s": <seq>, "b": <store code>, "v": 2}}``: the payload is
-read from the store at claim time, and the sequence number fences duplicates. Messages are
-always JSON. A message waits at most the pump interval in the broker (its countdown); longer
-waits happen in the store's due index.
+``{"__debounce__": {"k": <key hash>, "s": <seq>, "v": 2}}``: the payload is read from the store
+at claim time, and the sequence number fences duplicates (a ``"b"`` of older messages is
+ignored). Messages are always JSON. A message waits at most the pump interval in the broker
+(its countdown); longer waits happen in the store's due index.
 """
 
 from __future__ import annotations
@@ -38,7 +38,6 @@ class Message:
 
     key_hash: str
     seq: int
-    store: str | None
 
 
 def parse_message(message: Any) -> Message | None:
@@ -61,7 +60,7 @@ def parse_message(message: Any) -> Message | None:
         return None
     if message["v"] != VERSION:
         return None
-    return Message(k, seq, b)
+    return Message(k, seq)
 
 
 def is_eager(task: Task) -> bool:
@@ -71,16 +70,7 @@ def is_eager(task: Task) -> bool:
 
 def message_of(dispatch: Dispatch) -> dict[str, Any]:
     """The ``__debounce__`` value of ``dispatch``."""
-    return {"k": dispatch.key_hash, "s": dispatch.seq, "b": dispatch.store, "v": VERSION}
-
-
-def label_of(task: Task, dispatch: Dispatch) -> str:
-    """What Flower and ``celery events`` show of ``dispatch``'s key: the readable key, at most
-    ``LABEL`` characters (cut with ``…``); the key hash's start when there is none."""
-    label = dispatch.label or dispatch.key_hash[:12]
-    if len(label) > LABEL:
-        label = label[: LABEL - 1] + "…"
-    return label
+    return {"k": dispatch.key_hash, "s": dispatch.seq, "v": VERSION}
 
 
 def publish(task: Task, dispatch: Dispatch, producer: Any = None) -> None:
@@ -90,7 +80,9 @@ def publish(task: Task, dispatch: Dispatch, producer: Any = None) -> None:
     Celery's ``apply_async`` raises when the broker refuses the message."""
     if is_eager(task):
         return
-    label = label_of(task, dispatch)
+    label = dispatch.label or dispatch.key_hash[:12]  # the readable key, or the hash's start
+    if len(label) > LABEL:
+        label = label[: LABEL - 1] + "…"
     options: dict[str, Any] = {
         "serializer": "json",
         # what Flower and `celery events` show instead of {"__debounce__": {"k": <sha256>...}}

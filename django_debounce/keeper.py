@@ -87,14 +87,7 @@ class LeaseKeeper:
             seen[request.id] = (request, task, tracked)
             if now < tracked.extend_at and now < tracked.deadline - _margin(tracked):
                 continue
-            run = LiveRun(
-                message.key_hash,
-                message.seq,
-                options.lease,
-                task.name,
-                options,
-                message.store or "",
-            )
+            run = LiveRun(message.key_hash, message.seq, options.lease, task.name, options)
             by_store[task.get_backend()].append((request, task, message, run))
         for request_id in list(self.tracked):
             if request_id not in seen:

@@ -1,50 +1,13 @@
-"""The rules of one key's state machine, in pure Python (docs/design.md, "One record per key",
-"The state machine" and "Dispatch at scale"): the database store applies them to a key's row
-under its row lock, and the tests hold every store to them (``tests/stores/test_properties.py``).
+"""The rules of one key's state machine, in pure Python: the database store applies them to a
+key's row under its row lock, and the tests hold every store to them
+(``tests/stores/test_properties.py``). docs/design.md states them in prose: "Vocabulary"
+(lodash's edges, the anchor, a plain merge), "State machine" (the due index and its entry,
+scheduling, time-based sequence numbers, lost leases, flush, take, release) and "Dispatch at
+scale".
 
 No I/O and no clock of its own: every operation takes ``now`` in integer microseconds, and
-every duration is in microseconds too. The operations and their answers mirror ``BaseBackend``.
-
-Dispatch goes through the **due index**: every key that needs attention has one entry, scored
-by when it next needs it (``entry``, integer microseconds):
-
-- an open flight waiting for its due time (no message out): its ``due``;
-- a flight whose message is out (``taken``): when the message counts as lost and is taken
-  again (``taken_at + retake``);
-- a live run: its lease end (``running_until``), so a run whose worker died is found;
-- nothing to do: no entry.
-
-Every operation but a plain merge (below) ends by putting the key's entry at that time
-(``_reindex``). A plain merge only moves ``due`` later (a trigger that would move it earlier,
-with a shorter wait of its own, is not one), so it leaves the entry
-where it is: an entry may be earlier than the key needs, never later, and ``take`` moves an
-early one to the right time without publishing anything.
-
-Messages: ``take`` (the pump) publishes one message per due flight with a fresh sequence
-number and marks it taken; a flight due within ``direct`` of the step that makes it due (a
-leading edge, ``wait=0``, a follow-up) is marked taken by that step and published by
-its caller straight away with a short countdown, so no message waits long in the broker. A
-flush claims its flight itself (a run not started yet, ``run_started`` false) and answers the
-message that only starts that run: ``fire`` with its sequence (``run_seq``) starts it, a
-duplicate finds it started, and a message not there within ``retake`` (or refused: its
-``release``) finds it gone back to pending (``returned``, no attempt counted) and is dropped. A
-taken flight whose message is not claimed within ``retake`` is taken again with the **same**
-sequence number (a message that is only slow in a busy queue is then one duplicate, dropped
-on arrival, never a second run). ``release`` puts a flight whose message could not be
-published back in the index.
-
-Sequence numbers are ``max(seq + 1, now)``: time-based, so a key whose state was dropped
-(idle keys leave Redis) and created again issues numbers above every earlier one (I5).
-
-A live run whose lease ran out (``running_until <= now``) is lost at the start of every
-operation but ``heartbeat``, ``extend``, ``cancel`` and ``release``; its run id is appended to
-``events`` so the test's ledger can follow it.
-
-Edges are lodash's (``debounce``/``throttle``, lodash 4.17.21): a leading edge when the key's
-last trigger is ``wait`` or more ago, or its last run's claim ``max_wait`` or more ago;
-``max_wait`` counts from the flight's **anchor**: the last run's claim while the stream goes
-on (lodash's ``lastInvokeTime``), else the flight's first trigger; ``cancel`` clears the last
-trigger time whatever the state (lodash's ``cancel()``), so the next trigger leads.
+every duration is in microseconds too. The operations and their answers mirror ``BaseBackend``;
+a lost run's id is appended to ``events`` so the tests' ledger can follow it.
 """
 
 from __future__ import annotations

@@ -1,16 +1,8 @@
 """What the flow reports at a trigger counted, a run started and a run finished: Django
 signals (``signals.py``, sent robustly), log lines under the ``django_debounce`` logger
 (DEBUG per trigger, INFO per run, ERROR for a final failure or a receiver that raised), and
-Prometheus metrics when ``prometheus-client`` is installed (all labelled by ``task``; per
-process, so set ``PROMETHEUS_MULTIPROC_DIR`` under prefork):
-
-- ``django_debounce_triggers_total``: triggers counted;
-- ``django_debounce_runs_total``: runs started;
-- ``django_debounce_merged_triggers_total``: triggers absorbed without a run of their own;
-- ``django_debounce_run_failures_total``: runs whose body raised (retried or not);
-- ``django_debounce_trigger_to_start_delay_seconds``: histogram of the seconds from the last
-  claimed trigger to the start of its run.
-"""
+Prometheus metrics when ``prometheus-client`` is installed (docs/guide/integration.md lists
+them, "Prometheus")."""
 
 from __future__ import annotations
 

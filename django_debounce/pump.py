@@ -1,22 +1,7 @@
-"""The pump: publishes the dispatch messages of flights that are due, from the store's due index
-(docs/design.md, "Dispatch at scale").
-
-Every Celery worker runs one in its main process (``PumpStep``, a bootstep started after the
-pool, stopped before it), in a thread of its own: never in Celery's consumer loop, which must
-keep fetching messages, and never in pool children. ``manage.py debounce_pump`` runs one on
-its own. Several pumps on several hosts share the work: a take is atomic in the store, so no
-entry is published twice by two pumps; a pump killed mid-batch loses nothing (its entries are
-taken again after ``DEBOUNCE_DISPATCH_GRACE``, with the same sequence numbers).
-
-Each tick a pump peeks at the index of the tasks registered in its process (a pump never
-publishes a task it cannot route), takes what is due in batches, publishes each message, and
-releases the ones the broker refused. Then it sleeps until the earliest entry left, at most
-``DEBOUNCE_PUMP_INTERVAL`` seconds (flights due sooner than that after the step that makes
-them due are published by that step itself), with a little jitter so pumps do not move in
-step. Before each take it reads the depth of the queue it takes for from the broker, and
-takes at most the room left under ``DEBOUNCE_PUMP_QUEUE_CAP`` (none for a full queue): a
-backlog waits in the store, not in the broker, and is never mistaken for lost messages.
-"""
+"""The pump: publishes the dispatch messages of flights that are due, from the store's due index,
+in a thread of each worker's main process (``worker.DebounceStep``) or on its own
+(``manage.py debounce_pump``). docs/design.md, "Dispatch at scale", says how it ticks, sleeps,
+shares the work with other pumps and keeps each queue under ``DEBOUNCE_PUMP_QUEUE_CAP``."""
 
 from __future__ import annotations
 

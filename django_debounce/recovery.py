@@ -3,15 +3,12 @@ pump"): ``recover()`` runs one pump pass for every registered debounced task."""
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from django_debounce import live, registry
 from django_debounce.backends import get_backend
 from django_debounce.pump import Pump, stats
 from django_debounce.state import FlightOptions
-
-logger = logging.getLogger("django_debounce")
 
 
 def recover() -> int:

@@ -63,6 +63,15 @@ class RunTable:
     def _unlock(self, slot: int) -> None:
         fcntl.lockf(self.fd, fcntl.LOCK_UN, 1, slot * SIZE, os.SEEK_SET)
 
+    @contextmanager
+    def _locked(self, slot: int) -> Iterator[None]:
+        """Hold a slot's lock (waiting for it) for the ``with`` block."""
+        self._lock(slot)
+        try:
+            yield
+        finally:
+            self._unlock(slot)
+
     def _read(self, slot: int) -> tuple[int, int, int, bytes, str]:
         """``(pid, state, seq, key hash, label)`` of a slot."""
         raw = os.pread(self.fd, _SLOT.size, slot * SIZE)
@@ -102,31 +111,23 @@ class RunTable:
         pid = os.getpid()
         if self._mine is not None and self._mine[0] == pid:
             return self._mine[1]
-        found = None
         for candidate in (lambda p: p == pid, lambda p: p == 0, _gone):
             for slot in range(self.slots):
                 if not candidate(self._read(slot)[0]):
                     continue
-                self._lock(slot)
-                try:
-                    if candidate(self._read(slot)[0]):
+                with self._locked(slot):
+                    taken = candidate(self._read(slot)[0])  # again, under the lock
+                    if taken:
                         self._write(slot, pid, IDLE)
-                        found = slot
-                finally:
-                    self._unlock(slot)
-                if found is not None:
-                    break
-            if found is not None:
-                break
-        if found is None:
-            logger.warning(
-                "django_debounce: the run table of this worker is full: the lease keeper "
-                "will not stop the runs of pool process %d",
-                pid,
-            )
-            return None
-        self._mine = (pid, found)
-        return found
+                if taken:
+                    self._mine = (pid, slot)
+                    return slot
+        logger.warning(
+            "django_debounce: the run table of this worker is full: the lease keeper "
+            "will not stop the runs of pool process %d",
+            pid,
+        )
+        return None
 
     def started(self, key_hash: str, seq: int, label: str) -> bool:
         """Record that this process executes the run claimed by message ``seq`` of
@@ -134,11 +135,8 @@ class RunTable:
         slot = self.register()
         if slot is None:
             return False
-        self._lock(slot)
-        try:
+        with self._locked(slot):
             self._write(slot, os.getpid(), RUNNING, seq, bytes.fromhex(key_hash), label)
-        finally:
-            self._unlock(slot)
         return True
 
     def ended(self) -> None:
@@ -147,13 +145,10 @@ class RunTable:
         slot = self.register()
         if slot is None:
             return
-        self._lock(slot)
-        try:
+        with self._locked(slot):
             stopping = self._read(slot)[1] == STOPPING
             if not stopping:
                 self._write(slot, os.getpid(), IDLE)
-        finally:
-            self._unlock(slot)
         if stopping:
             _await_the_kill()
 

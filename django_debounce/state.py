@@ -41,16 +41,14 @@ class Dispatch:
     """A dispatch message to publish now, delivered ``countdown`` seconds later (at most the
     pump interval: longer waits stay in the store's due index).
 
-    ``seq`` fences it (only the current sequence may claim); ``store`` names the store that
-    issued it (``"d"`` database, ``"r"`` redis); ``task_name`` is set by the pump's ``take``
-    (other steps publish for the task at hand); ``label`` is the readable key, which
-    monitoring shows (``kwargsrepr``, cut by ``dispatch.label_of``).
+    ``seq`` fences it (only the current sequence may claim); ``task_name`` is set by the
+    pump's ``take`` (other steps publish for the task at hand); ``label`` is the readable key,
+    which monitoring shows (``kwargsrepr``, cut to ``dispatch.LABEL`` characters).
     """
 
     key_hash: str
     seq: int
     countdown: float = 0.0
-    store: str = "d"
     task_name: str = ""
     label: str = ""  # the readable key, shown by Flower and `celery events`
 
@@ -133,7 +131,6 @@ class Claim:
     last_trigger_at: datetime
     due_at: datetime
     started_at: datetime
-    store: str = "d"
     attempt: int = 0
     attempted: int = 0
 

@@ -501,7 +501,7 @@ class DebouncedTask(Task):
         if dispatch is not None:
             if is_eager(self):
                 # the message that starts the run the flush claimed, delivered here
-                self.fire(hashed, dispatch.seq, store=dispatch.store, in_worker=False)
+                self.fire(hashed, dispatch.seq, in_worker=False)
             else:
                 # refused: the claimed run goes back to pending and a pump publishes it (I8)
                 publish_or_release(self, backend, dispatch)
@@ -553,7 +553,7 @@ class DebouncedTask(Task):
             )
             return None
         try:
-            return self.fire(parsed.key_hash, parsed.seq, store=parsed.store)
+            return self.fire(parsed.key_hash, parsed.seq)
         except STORE_ERRORS as exc:
             return self._store_unavailable(message, exc)
 
@@ -588,16 +588,11 @@ class DebouncedTask(Task):
             logger.exception("django_debounce: could not re-publish a dispatch message")
         return None
 
-    def fire(
-        self, hashed: str, seq: int | None, *, store: str | None = None, in_worker: bool = True
-    ) -> Any:
+    def fire(self, hashed: str, seq: int | None, *, in_worker: bool = True) -> Any:
         """Handle one dispatch message (``seq=None``: in-process, no fencing); returns the body's
-        result when this message claimed the flight, else ``None``. ``store`` names the store
-        that issued the message (``"d"``/``"r"``), for the ``auto`` backend."""
+        result when this message claimed the flight, else ``None``."""
         backend = self.get_backend()
-        decision = backend.fire(
-            hashed, seq, task_name=self.name, options=self.flight_options(), store=store
-        )
+        decision = backend.fire(hashed, seq, task_name=self.name, options=self.flight_options())
         if decision.dispatch is not None and not is_eager(self):
             publish_or_release(self, backend, decision.dispatch)
         if decision.action is not FireAction.CLAIM or decision.claim is None:
@@ -631,8 +626,7 @@ class DebouncedTask(Task):
         ``autoretry_for``, which then narrows retries to those exceptions as in Celery."""
         if isinstance(exc, _RetryRequested):
             return True
-        autoretry = tuple(getattr(self, "autoretry_for", ()) or ())
-        return not autoretry
+        return not getattr(self, "autoretry_for", None)
 
     def retry_delay(self, attempt: int) -> float:
         """Seconds before retry number ``attempt + 1``, from the task's Celery options:
@@ -692,7 +686,6 @@ class DebouncedTask(Task):
                 options.lease,
                 task_name=self.name,
                 options=options,
-                store=claim.store,
             ),
         )
         max_retries = self.max_retries
@@ -772,7 +765,6 @@ class DebouncedTask(Task):
                 ),
                 task_name=self.name,
                 options=self.flight_options(),
-                store=claim.store,
             )
         except STORE_ERRORS:
             # The run is done but its store is unreachable: its lease runs out and the

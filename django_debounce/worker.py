@@ -1,14 +1,6 @@
 """What django-debounce adds to a Celery worker: a bootstep that runs the pump and the lease
-keeper in the worker's main process (docs/design.md, "Dispatch at scale").
-
-``apps.DebounceConfig.ready`` adds ``DebounceStep`` to every worker's blueprint (through
-Celery's ``celeryd_init`` signal, sent before the blueprint is built). The step is created
-before the pool starts, and creates there the run table its pool processes inherit
-(``runtable.py``); it starts after the pool (so the pool's processes never inherit these
-threads) and, steps being stopped in reverse order, stops before it on a warm shutdown: the
-pump publishes nothing more while the pool finishes its runs, and the lease keeper stops
-last.
-"""
+keeper in the worker's main process, added by ``apps.DebounceConfig.ready`` through Celery's
+``celeryd_init`` signal (docs/operations.md, "The worker": when it starts and stops)."""
 
 from __future__ import annotations
 
@@ -90,8 +82,7 @@ def db_reuse_max(app: Any) -> Any:
         worker_fixup = getattr(fixup, "_worker_fixup", None)
         if worker_fixup is not None:
             return getattr(worker_fixup, "db_reuse_max", None)
-    value = app.conf.get("CELERY_DB_REUSE_MAX")
-    return value
+    return app.conf.get("CELERY_DB_REUSE_MAX")
 
 
 def worker_stats() -> dict[str, Any]:

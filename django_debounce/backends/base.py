@@ -35,28 +35,20 @@ class Taken:
 @dataclass(frozen=True)
 class LiveRun:
     """A run the lease keeper keeps alive: claimed by message ``seq`` of ``key_hash`` for task
-    ``task_name`` (whose options the store needs), with a lease of ``lease`` seconds;
-    ``store`` is the store code of its message (for ``auto``)."""
+    ``task_name`` (whose options the store needs), with a lease of ``lease`` seconds."""
 
     key_hash: str
     seq: int
     lease: float
     task_name: str
     options: FlightOptions
-    store: str = ""
 
 
 class BaseBackend:
     """Operations of the state machine. Every method is atomic in its store (one Lua script,
-    one database transaction), except where it says it works in batches.
-
-    ``store`` is the code of this store in dispatch messages and claims (``"d"``/``"r"``);
-    ``store=`` arguments name the store that issued a message (used by ``auto``, which holds
-    two).
-    """
+    one database transaction), except where it says it works in batches."""
 
     name = "base"
-    store = "d"
 
     # -- triggers ---------------------------------------------------------------------------
 
@@ -148,7 +140,6 @@ class BaseBackend:
         task_name: str,
         options: FlightOptions,
         now: datetime | None = None,
-        store: str | None = None,
     ) -> FireDecision:
         """Decide what a dispatch message does; claims the flight when it is due.
 
@@ -169,7 +160,6 @@ class BaseBackend:
         task_name: str,
         options: FlightOptions,
         now: datetime | None = None,
-        store: str | None = None,
     ) -> Dispatch | None:
         """Record the end of run ``run_id``; returns the follow-up flight's message when it is
         due within the pump interval (else the flight waits in the index).
@@ -190,7 +180,6 @@ class BaseBackend:
         task_name: str,
         options: FlightOptions,
         now: datetime | None = None,
-        store: str | None = None,
     ) -> bool:
         """Extend the lease of run ``run_id`` to now + ``lease`` seconds; ``False`` when that
         run is not the live one (a lease that ran out is never extended)."""
@@ -243,8 +232,8 @@ class BaseBackend:
 
     def live_state(self, key_hash: str) -> dict[str, Any] | None:
         """Live counters of one key: ``pending``, ``flight_id``, ``triggers``, ``runs``,
-        ``merged``, ``cancelled``, ``state`` (idle/pending/running), ``seq`` (the valid dispatch
-        sequence) and ``store_code`` (``"d"``/``"r"``); ``None`` if unknown."""
+        ``merged``, ``cancelled``, ``state`` (idle/pending/running) and ``seq`` (the valid
+        dispatch sequence); ``None`` if unknown."""
         raise NotImplementedError
 
     def live_rows(self, key_hashes: Sequence[str]) -> dict[str, dict[str, Any]]:

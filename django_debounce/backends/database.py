@@ -36,7 +36,6 @@ class DatabaseBackend(BaseBackend):
     """The row-lock store (``DEBOUNCE_BACKEND = "database"``) on PostgreSQL or SQLite."""
 
     name = "database"
-    store = "d"
     MANY = 500  # triggers per transaction of trigger_many
 
     @property
@@ -67,7 +66,6 @@ class DatabaseBackend(BaseBackend):
             record.key_hash,
             msg.seq,
             msg.countdown / US,
-            self.store,
             record.task_name,
             record.key_text,
         )
@@ -300,7 +298,7 @@ class DatabaseBackend(BaseBackend):
             }
         )
 
-    def fire(self, key_hash, seq, *, task_name, options, now=None, store=None):
+    def fire(self, key_hash, seq, *, task_name, options, now=None):
         rows = self.rows()
         with rows.step():
             record, at = rows.lock_at(key_hash, config(options), now)
@@ -335,13 +333,12 @@ class DatabaseBackend(BaseBackend):
                 last_trigger_at=to_dt(last),  # type: ignore[arg-type]
                 due_at=to_dt(due),  # type: ignore[arg-type]
                 started_at=to_dt(started),  # type: ignore[arg-type]
-                store=self.store,
                 attempt=claim.attempt,
                 attempted=k.run_attempted,
             ),
         )
 
-    def finish(self, key_hash, run_id, end, *, task_name, options, now=None, store=None):
+    def finish(self, key_hash, run_id, end, *, task_name, options, now=None):
         if end.ok:
             outcome = SUCCESS
         elif end.retry_in is not None:
@@ -385,7 +382,7 @@ class DatabaseBackend(BaseBackend):
             rows.write(record, at)
         return self._dispatch(record, msg)
 
-    def heartbeat(self, key_hash, run_id, lease, *, task_name, options, now=None, store=None):
+    def heartbeat(self, key_hash, run_id, lease, *, task_name, options, now=None):
         rows = self.rows()
         with rows.step():
             record, at = rows.lock_at(key_hash, config(options), now)
@@ -481,7 +478,6 @@ class DatabaseBackend(BaseBackend):
             for f in ("pending", "flight_id", "triggers", "runs", "merged", "cancelled", "state")
         }
         out["seq"] = row["scheduled_seq"]
-        out["store_code"] = self.store
         return out
 
     def live_rows(self, key_hashes):

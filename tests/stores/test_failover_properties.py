@@ -763,7 +763,7 @@ def test_pumps_killed_and_racing(redis: FaultyRedis) -> None:
         )
         d.now += 1
         for hashed, seq in taken:
-            d.publish(d.keys[hashed], Dispatch(hashed, seq, 0.0, "d", TASK), dt(d.now))
+            d.publish(d.keys[hashed], Dispatch(hashed, seq, 0.0, TASK), dt(d.now))
         d.check()
         d.drain()
         d.check_end()

@@ -181,7 +181,6 @@ class Message:
     key: int
     seq: int
     due: int
-    store: str
 
 
 @dataclass
@@ -189,7 +188,6 @@ class Running:
     key: int
     run_id: int
     seq: int | None
-    store: str
 
 
 def clean() -> None:
@@ -249,7 +247,7 @@ class StoreAgainstModel(RuleBasedStateMachine):
     def publish(self, key: Key, real: Any, model: Msg | None, now: int) -> None:
         if real is None or model is None:
             return
-        self.pool.append(Message(key.index, real.seq, now + model.countdown, real.store))
+        self.pool.append(Message(key.index, real.seq, now + model.countdown))
 
     def after(self, key: Key, now: int, *, recovers: bool) -> None:
         """Ledger bookkeeping common to every operation of ``key`` at ``now``."""
@@ -352,7 +350,7 @@ class StoreAgainstModel(RuleBasedStateMachine):
     def _dispatch(self, key: Key, seq: int) -> Any:
         from django_debounce.state import Dispatch
 
-        return Dispatch(key.hash, seq, 0.0, self.backend.store, key.task)
+        return Dispatch(key.hash, seq, 0.0, key.task)
 
     # -- time -----------------------------------------------------------------------------------
 
@@ -449,12 +447,12 @@ class StoreAgainstModel(RuleBasedStateMachine):
 
     def deliver(self, msg: Message) -> None:
         key = self.keys[msg.key]
-        self.fire(key, msg.seq, self.tick(), msg.store)
+        self.fire(key, msg.seq, self.tick())
 
-    def fire(self, key: Key, seq: int | None, now: int, store: Any) -> None:
+    def fire(self, key: Key, seq: int | None, now: int) -> None:
         cfg = key.cfg
         decision = self.backend.fire(
-            key.hash, seq, task_name=key.task, options=options(cfg), now=dt(now), store=store
+            key.hash, seq, task_name=key.task, options=options(cfg), now=dt(now)
         )
         expected = key.model.fire(now, seq)
         self.after(key, now, recovers=True)
@@ -498,7 +496,7 @@ class StoreAgainstModel(RuleBasedStateMachine):
             self.ledger_start(key, claim, now, seq)
         else:
             self.ledger_claim(key, claim, now, seq)
-        self.running.append(Running(key.index, claim.run_id, seq, claim.store))
+        self.running.append(Running(key.index, claim.run_id, seq))
 
     def ledger_start(self, key: Key, claim: Any, now: int, seq: int | None) -> None:
         """The message of a flush starts the run the flush claimed: exactly the triggers
@@ -584,7 +582,7 @@ class StoreAgainstModel(RuleBasedStateMachine):
     def run_due(self, k: int) -> None:
         """An in-process claim (``run_due``): no message, no fencing."""
         key = self.keys[k % len(self.keys)]
-        self.fire(key, None, self.tick(), None)
+        self.fire(key, None, self.tick())
 
     # -- runs -------------------------------------------------------------------------------
 
@@ -639,7 +637,6 @@ class StoreAgainstModel(RuleBasedStateMachine):
             task_name=key.task,
             options=options(key.cfg),
             now=dt(now),
-            store=run.store,
         )
         expected = model.finish(now, run.run_id, ok=ok, retry_in=retry, give_up=give_up)
         self.after(key, now, recovers=True)
@@ -684,7 +681,6 @@ class StoreAgainstModel(RuleBasedStateMachine):
             task_name=key.task,
             options=options(key.cfg),
             now=dt(now),
-            store=run.store,
         )
         want = key.model.heartbeat(now, run.run_id, key.cfg.lease)
         assert got == want, f"heartbeat of run {run.run_id}: store {got}, model {want}"

@@ -171,7 +171,7 @@ class Driver:
     def release(self, key: Key, seq: int) -> None:
         at = self.tick()
         self.note(f"release {key.name} {seq}")
-        self.backend.release([Dispatch(key.hash, seq, 0.0, self.backend.store, key.task)], now=at)
+        self.backend.release([Dispatch(key.hash, seq, 0.0, key.task)], now=at)
 
     @staticmethod
     def payload(value: Any) -> dict[str, Any]:
@@ -275,7 +275,6 @@ class Driver:
             task_name=key.task,
             options=key.options,
             now=at,
-            store=self.backend.store,
         )
         self.note(f"  -> {decision.action}")
         self.publish(key, decision.dispatch, at)
@@ -360,7 +359,6 @@ class Driver:
             task_name=key.task,
             options=key.options,
             now=at,
-            store=self.backend.store,
         )
         self.publish(key, dispatch, at)
         self.sync(key)

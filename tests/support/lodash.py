@@ -402,7 +402,6 @@ class Player:
             task_name=TASK,
             options=self.flight,
             now=dt(now_us),
-            store=data.store,
         )
         self.actions.append(decision.action)
         assert decision.action is not FireAction.MISSING, decision

@@ -33,7 +33,7 @@ def test_duplicate_delivery_of_one_dispatch_message_runs_once(worker, unique_tag
     assert result.scheduled and result.pending == 1
     row = key_row(record, unique_tag)
     live = record.get_backend().live_state(row.key_hash)
-    message = {DISPATCH_KWARG: {"k": row.key_hash, "s": live["seq"], "b": live["store_code"]}}
+    message = {DISPATCH_KWARG: {"k": row.key_hash, "s": live["seq"], "v": 2}}
     record.apply_async(kwargs=message, countdown=0)  # the same message again, at once
     record.apply_async(kwargs=message, countdown=1)  # and 1 s later
     wait_for(lambda: finished(tag=unique_tag), message="the run")
