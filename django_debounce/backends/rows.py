@@ -264,9 +264,10 @@ class Rows:
         try:
             yield
             if self._queued or not self._begin:  # the writes, with COMMIT
-                begin = [("BEGIN", [])] if self._begin else []  # a step that read nothing
-                self._begin, queued, self._queued = False, self._queued, None
-                self._execute([*begin, *queued, ("COMMIT", [])])
+                statements: list[tuple[str, list[Any]]] = [("BEGIN", [])] if self._begin else []
+                statements += self._queued or []  # (BEGIN: a step that read nothing)
+                self._begin, self._queued = False, None
+                self._execute([*statements, ("COMMIT", [])])
         except BaseException:
             if not self._begin:
                 try:
