@@ -20,6 +20,33 @@ from tests.support.helpers import flush_redis, wait_for
 from tests.support.workers import Worker
 
 
+def _flush_again_on_deadlock() -> None:
+    """pytest-django empties the tables after a transactional test with Django's ``flush``
+    (one ``TRUNCATE`` of every table, locked in its own order). The session's worker may be
+    claiming a flight of the suite's receivers then (a test that saves an ``Item`` triggers
+    one, whether or not it uses the worker): the claim locks the key row, then writes the run
+    table, and PostgreSQL can pick the ``TRUNCATE`` as a deadlock's victim. Take it again:
+    the claim has ended by then."""
+    from django.core.management.base import CommandError
+    from django.core.management.commands import flush
+
+    handle = flush.Command.handle
+
+    def handle_again(self: Any, **options: Any) -> Any:
+        for attempt in range(3):
+            try:
+                return handle(self, **options)
+            except CommandError as exc:
+                if attempt == 2 or "deadlock detected" not in str(exc.__cause__):
+                    raise
+        return None
+
+    flush.Command.handle = handle_again
+
+
+_flush_again_on_deadlock()
+
+
 @pytest.fixture(autouse=True)
 def clean_redis_state() -> None:
     """Every test starts with an empty debounce state in Redis (the tables are flushed too).
