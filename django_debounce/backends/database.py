@@ -103,19 +103,21 @@ class DatabaseBackend(BaseBackend):
         rows = self.rows()
         cfg = config(options)
         payload = json.loads(payload_json)
-        with rows.step():
-            record, at = rows.lock_or_create(key_hash, key, task_name, cfg, now)
-            for _again in range(2):
+        for _again in range(3):
+            with rows.step():
+                record, at = rows.lock_or_create(key_hash, key, task_name, cfg, now)
                 self.settle(rows, [record], at, mode="trigger")
                 result, dispatch, merge = self._apply_trigger(record, at, payload)
                 self.opened(rows, [record], at, context)
-                if rows.write(record, at, reindex=not merge):
-                    break
-                # another transaction made the row meanwhile: take the step on it
-                record = rows.lock(key_hash, cfg)  # type: ignore[assignment]
-                assert record is not None
-        self.after_commit([record])
-        return result, dispatch
+                written = rows.write(record, at, reindex=not merge)
+            if written:
+                self.after_commit([record])
+                return result, dispatch
+            # another transaction made the row meanwhile: take the step again, on it
+        raise DatabaseError(
+            "the row of this trigger's key was made and deleted by other transactions "
+            "meanwhile, three times; nothing was counted: send it again"
+        )
 
     def trigger_many(self, *, task_name, items, options, now=None):
         return self.row_triggers(task_name, items, options, now, None)

@@ -263,13 +263,13 @@ class Rows:
         self._begin, self._queued = True, []
         try:
             yield
-            if self._queued or not self._begin:  # the writes, with COMMIT
+            if self._queued is not None and (self._queued or not self._begin):  # with COMMIT
                 statements: list[tuple[str, list[Any]]] = [("BEGIN", [])] if self._begin else []
                 statements += self._queued or []  # (BEGIN: a step that read nothing)
                 self._begin, self._queued = False, None
                 self._execute([*statements, ("COMMIT", [])])
         except BaseException:
-            if not self._begin:
+            if not self._begin and self._queued is not None:  # BEGIN went out, no COMMIT
                 try:
                     with conn.cursor() as cursor:
                         cursor.execute("ROLLBACK")
@@ -531,9 +531,9 @@ class Rows:
         """Write a step's result: the changed columns (a ``blank`` record: its row), the due
         index entry (unless the step was a plain merge, which leaves it: it may be early,
         never late), the runs it claimed, and the outcomes of the runs it ended or lost; on
-        PostgreSQL in one statement. Returns ``False``, writing nothing, when a blank
-        record's row was made meanwhile by another transaction (the caller locks that row
-        and takes the step again)."""
+        PostgreSQL in one round trip (in a ``step``, with its ``COMMIT``). Returns ``False``,
+        writing nothing, when a blank record's row was made meanwhile by another transaction
+        (the caller takes the step again, in a new transaction)."""
         self._lost(record)
         if record.pk is None:
             with connections[self.alias].cursor() as cursor:
@@ -582,8 +582,11 @@ class Rows:
             if self.pg:  # the entry only when the row was made
                 text = f"WITH k AS ({text}), d AS ({UPSERT_DUE_OF_K}) SELECT {q('id')} FROM k"
                 params, due = params + due, None
-        cursor.execute(text, params)
+        ends = self._queued == [] and not self._begin  # a ``step``'s only write: with COMMIT
+        cursor.execute(text + "; COMMIT" if ends else text, params)
         got = cursor.fetchone()
+        if ends:
+            self._queued = None  # committed (a row made meanwhile: with nothing written)
         if got is None:
             return False
         record.pk = got[0]
