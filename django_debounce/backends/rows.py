@@ -77,8 +77,7 @@ FIELD = {f.column: f for f in DebounceKey._meta.concrete_fields}
 RUN_FIELD = {f.column: f for f in DebounceRun._meta.concrete_fields}
 JSON_COLUMNS = frozenset(c for c, f in FIELD.items() if isinstance(f, models.JSONField))
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-TIMES_OF_KEY = {c for c, f in FIELD.items() if isinstance(f, models.DateTimeField)}
-TIME_COLUMNS = frozenset({*TIMES_OF_KEY, "due_at"})  # and the due entry's
+TIME_COLUMNS = frozenset(c for c, f in FIELD.items() if isinstance(f, models.DateTimeField))
 
 
 def q(name: str) -> str:
@@ -134,6 +133,18 @@ def _update_text(cols: tuple[str, ...]) -> str:
     return f"UPDATE {KEY} SET {', '.join(f'{q(c)} = %s' for c in cols)} WHERE {q('id')} = %s"
 
 
+def _client_binding(conn: Any) -> bool:
+    """Whether ``conn`` sends queries bound on the client (psycopg 3's ``ClientCursor``,
+    Django's default): PostgreSQL's simple query protocol, which runs several statements sent
+    as one string."""
+    options = conn.settings_dict["OPTIONS"]
+    psycopg = conn.Database
+    if psycopg.__name__ != "psycopg" or options.get("server_side_binding") is True:
+        return False
+    factory = options.get("cursor_factory", psycopg.ClientCursor)
+    return isinstance(factory, type) and issubclass(factory, psycopg.ClientCursor)
+
+
 def _us_of(column: str) -> str:
     """PostgreSQL: ``column`` (a time) read as microseconds since the epoch (exact: an
     integer is cheaper to load than a time)."""
@@ -142,9 +153,10 @@ def _us_of(column: str) -> str:
 
 @functools.cache
 def _select_text(where: str, lock: bool, skip_locked: bool, pg: bool) -> str:
-    names = [f"k.{q(c)}" for c in COLUMNS] + [f"d.{q('due_at')}"]
-    if pg:
-        names = [_us_of(n) if n.split(".")[1].strip('"') in TIME_COLUMNS else n for n in names]
+    columns = [("k", c) for c in COLUMNS] + [("d", "due_at")]
+    names = [
+        _us_of(f"{t}.{q(c)}") if pg and c in TIME_COLUMNS else f"{t}.{q(c)}" for t, c in columns
+    ]
     text = (
         f"SELECT {', '.join(names)} FROM {KEY} k "
         f"LEFT JOIN {DUE} d ON d.{q('key_hash')} = k.{q('key_hash')} WHERE {where}"
@@ -236,11 +248,11 @@ class Rows:
         self.direct = direct
         conn = connections[alias]
         self.pg = conn.vendor == "postgresql"
-        # statements joined by "; " go out as one (PostgreSQL's simple query protocol, which
-        # Django's default client-side binding cursor uses)
-        self.joined = self.pg and not conn.settings_dict["OPTIONS"].get("server_side_binding")
-        self._begin = False  # a ``step`` whose BEGIN goes out with its first read
-        self._queued: list[tuple[str, list[Any]]] | None = None  # a ``step``'s writes
+        self.joined = self.pg and _client_binding(conn)
+        # a ``step``'s transaction: "begin" (its BEGIN not sent yet), "open" (sent, no COMMIT
+        # yet: a failure rolls it back), "done" (committed); "" outside a step
+        self._state = ""
+        self._queued: list[tuple[str, list[Any]]] = []  # a ``step``'s writes, sent at its end
         self.now_given: int | None = None  # the step's time when the caller gave it
         self.read_at = 0.0  # time.monotonic() when the step's time was read
 
@@ -256,20 +268,23 @@ class Rows:
         trips instead of four: ``BEGIN`` goes out with the step's locking read, its writes
         with ``COMMIT``."""
         conn = connections[self.alias]
-        if not self.joined or conn.in_atomic_block:
+        if not self.joined or conn.in_atomic_block or not conn.get_autocommit():
             with self.atomic():
                 yield
             return
-        self._begin, self._queued = True, []
+        assert not self._state, "a step inside a step of the same Rows"
+        self._state, self._queued = "begin", []
         try:
             yield
-            if self._queued is not None and (self._queued or not self._begin):  # with COMMIT
-                statements: list[tuple[str, list[Any]]] = [("BEGIN", [])] if self._begin else []
-                statements += self._queued or []  # (BEGIN: a step that read nothing)
-                self._begin, self._queued = False, None
-                self._execute([*statements, ("COMMIT", [])])
+            if self._queued or self._state == "open":
+                statements = [*self._queued, ("COMMIT", [])]
+                if self._state == "begin":  # a step that read nothing
+                    statements.insert(0, ("BEGIN", []))
+                self._state = "open"
+                self._execute(statements)
+                self._state = "done"
         except BaseException:
-            if not self._begin and self._queued is not None:  # BEGIN went out, no COMMIT
+            if self._state == "open":
                 try:
                     with conn.cursor() as cursor:
                         cursor.execute("ROLLBACK")
@@ -277,7 +292,7 @@ class Rows:
                     conn.close()  # a broken connection: Django opens a new one when needed
             raise
         finally:
-            self._begin, self._queued = False, None
+            self._state, self._queued = "", []
 
     def _execute(self, statements: Sequence[tuple[str, list[Any]]]) -> None:
         """Run ``statements`` in order: one round trip when ``joined``."""
@@ -324,10 +339,10 @@ class Rows:
     ) -> tuple[list[Record], int | None]:
         """The records ``text`` reads, and the clock it read (when ``clock``)."""
         with connections[self.alias].cursor() as cursor:
-            if self._begin:  # the first read of a ``step``
+            if self._state == "begin":  # the first read of a ``step`` opens its transaction
+                self._state = "open"
                 cursor.execute("BEGIN; " + text, params)
                 cursor.nextset()
-                self._begin = False
             else:
                 cursor.execute(text, params)
             rows = cursor.fetchall()
@@ -531,15 +546,17 @@ class Rows:
         """Write a step's result: the changed columns (a ``blank`` record: its row), the due
         index entry (unless the step was a plain merge, which leaves it: it may be early,
         never late), the runs it claimed, and the outcomes of the runs it ended or lost; on
-        PostgreSQL in one round trip (in a ``step``, with its ``COMMIT``). Returns ``False``,
-        writing nothing, when a blank record's row was made meanwhile by another transaction
-        (the caller takes the step again, in a new transaction)."""
+        PostgreSQL joined in one round trip (``_client_binding``; in a ``step``, with its
+        ``COMMIT``). Returns ``False``, writing nothing, when a blank record's row was made
+        meanwhile by another transaction (the caller takes the step again, in a new
+        transaction)."""
         self._lost(record)
         if record.pk is None:
             with connections[self.alias].cursor() as cursor:
                 return self._insert(cursor, record, now, reindex)
         statements = [(text, params) for _o, text, params in self._steps(record, now, reindex)]
-        if self._queued is not None:  # a ``step``'s: they go out with its COMMIT
+        assert self._state != "done", "a write after its step's COMMIT"
+        if self._state:  # a ``step``'s: they go out with its COMMIT
             self._queued += statements
         else:
             self._execute(statements)
@@ -582,11 +599,11 @@ class Rows:
             if self.pg:  # the entry only when the row was made
                 text = f"WITH k AS ({text}), d AS ({UPSERT_DUE_OF_K}) SELECT {q('id')} FROM k"
                 params, due = params + due, None
-        ends = self._queued == [] and not self._begin  # a ``step``'s only write: with COMMIT
+        ends = self._state == "open" and not self._queued  # a step's only write: with COMMIT
         cursor.execute(text + "; COMMIT" if ends else text, params)
         got = cursor.fetchone()
         if ends:
-            self._queued = None  # committed (a row made meanwhile: with nothing written)
+            self._state = "done"  # (a row made meanwhile: nothing was written)
         if got is None:
             return False
         record.pk = got[0]

@@ -577,3 +577,80 @@ def test_trigger_many_from_several_processes_counts_every_trigger_once(store):
         key = record_slow.resolve((tag,), {})[0]
         live = backend.live_state(key_hash(record_slow.name, key))
         assert (live["pending"], live["triggers"], live["flight_id"]) == (20, 20, 1), tag
+
+
+@pytest.fixture
+def planted_failure() -> Any:
+    """A PostgreSQL trigger that fails every ``UPDATE`` of ``H``'s key row: a real database
+    error in the middle of a step (only on PostgreSQL)."""
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        pytest.skip("a planted trigger function is PostgreSQL's")
+    table = "django_debounce_debouncekey"
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "CREATE FUNCTION debounce_planted() RETURNS trigger AS "
+            "$$ BEGIN RAISE EXCEPTION 'planted failure'; END $$ LANGUAGE plpgsql"
+        )
+        cursor.execute(
+            f"CREATE TRIGGER debounce_planted BEFORE UPDATE ON {table} FOR EACH ROW "
+            f"WHEN (NEW.key_hash = '{H}') EXECUTE FUNCTION debounce_planted()"
+        )
+    yield
+    with connection.cursor() as cursor:
+        cursor.execute(f"DROP TRIGGER debounce_planted ON {table}")
+        cursor.execute("DROP FUNCTION debounce_planted()")
+
+
+def _idle() -> bool:
+    """Django's connection is in autocommit with no transaction open on the server."""
+    from django.db import connection
+
+    status = connection.connection.info.transaction_status.name
+    return status == "IDLE" and connection.get_autocommit() and not connection.in_atomic_block
+
+
+def test_a_step_whose_writes_fail_leaves_no_transaction_open(store, planted_failure):
+    """A step's writes go out with its ``COMMIT`` (PostgreSQL): when they fail there, the step
+    rolls back, the connection is idle and takes the next step; the key keeps what its last
+    committed step wrote."""
+    from django.db import DatabaseError
+
+    backend = get_backend()
+    trig(backend, 1, 0)  # opens: the row is made (an INSERT; the planted trigger is on UPDATE)
+    with pytest.raises(DatabaseError, match="planted failure"):
+        fire(backend, 1)  # the claim: its UPDATE of the row goes out with COMMIT, and fails
+    assert _idle()
+    assert peek_store(backend, H)["pending"] == 1
+    result, _dispatch = trig(backend, 1, 1, key_hash="f" * 64)  # another key: counted
+    assert result.pending == 1 and _idle()
+
+
+def test_a_step_whose_read_fails_leaves_no_transaction_open(store):
+    """``BEGIN`` goes out with the step's locking read: when the read fails (its lock waits
+    past ``lock_timeout`` on a row another session holds), the step rolls back, the
+    connection is idle, and the same step succeeds once the row is free."""
+    import psycopg
+    from django.db import DatabaseError, connection
+
+    if connection.vendor != "postgresql":
+        pytest.skip("lock_timeout is PostgreSQL's")
+    backend = get_backend()
+    trig(backend, 1, 0)
+    params = connection.get_connection_params()
+    params.pop("cursor_factory", None)
+    params.pop("context", None)
+    lock = "SELECT 1 FROM django_debounce_debouncekey WHERE key_hash = %s FOR UPDATE"
+    with psycopg.connect(**params, autocommit=False) as other:
+        other.execute(lock, [H])
+        with connection.cursor() as cursor:
+            cursor.execute("SET lock_timeout = '100ms'")
+        try:
+            with pytest.raises(DatabaseError, match="lock timeout"):
+                fire(backend, 1)
+            assert _idle()
+        finally:
+            with connection.cursor() as cursor:
+                cursor.execute("SET lock_timeout = 0")
+    assert fire(backend, 1).action == FireAction.CLAIM
