@@ -91,9 +91,17 @@ UPSERT_DUE = (
     f"INSERT INTO {DUE} ({q('key_hash')}, {q('task_name')}, {q('due_at')}) VALUES (%s, %s, %s) "
     f"ON CONFLICT ({q('key_hash')}) DO UPDATE SET {q('due_at')} = EXCLUDED.{q('due_at')}"
 )
+
+
+def _us_of(column: str) -> str:
+    """PostgreSQL: ``column`` (a time) read as microseconds since the epoch (exact: an
+    integer is cheaper to load than a time)."""
+    return f"CAST(EXTRACT(EPOCH FROM {column}) * 1000000 AS bigint)"
+
+
 LOCK_WITH_CLOCK = (
-    "WITH k AS ({}) SELECT k.*, CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000000 AS bigint)"
-    " FROM (SELECT 1) AS one LEFT JOIN k ON TRUE"
+    f"WITH k AS ({{}}) SELECT k.*, {_us_of('clock_timestamp()')} "
+    "FROM (SELECT 1) AS one LEFT JOIN k ON TRUE"
 )
 UPSERT_DUE_OF_K = UPSERT_DUE.replace("VALUES (%s, %s, %s)", "SELECT %s, %s, %s FROM k")
 DELETE_DUE = f"DELETE FROM {DUE} WHERE {q('key_hash')} = %s"
@@ -143,12 +151,6 @@ def _client_binding(conn: Any) -> bool:
         return False
     factory = options.get("cursor_factory", psycopg.ClientCursor)
     return isinstance(factory, type) and issubclass(factory, psycopg.ClientCursor)
-
-
-def _us_of(column: str) -> str:
-    """PostgreSQL: ``column`` (a time) read as microseconds since the epoch (exact: an
-    integer is cheaper to load than a time)."""
-    return f"CAST(EXTRACT(EPOCH FROM {column}) * 1000000 AS bigint)"
 
 
 @functools.cache
