@@ -99,10 +99,8 @@ def _us_of(column: str) -> str:
     return f"CAST(EXTRACT(EPOCH FROM {column}) * 1000000 AS bigint)"
 
 
-LOCK_WITH_CLOCK = (
-    f"WITH k AS ({{}}) SELECT k.*, {_us_of('clock_timestamp()')} "
-    "FROM (SELECT 1) AS one LEFT JOIN k ON TRUE"
-)
+# PostgreSQL's clock, read after the statement before it (a lock) in the same string
+THEN_CLOCK = f"; SELECT {_us_of('clock_timestamp()')}"
 UPSERT_DUE_OF_K = UPSERT_DUE.replace("VALUES (%s, %s, %s)", "SELECT %s, %s, %s FROM k")
 DELETE_DUE = f"DELETE FROM {DUE} WHERE {q('key_hash')} = %s"
 RUN = q(DebounceRun._meta.db_table)
@@ -339,8 +337,11 @@ class Rows:
     def _fetch(
         self, text: str, params: list[Any], cfgs: Any, clock: bool = False
     ) -> tuple[list[Record], int | None]:
-        """The records ``text`` reads, and the clock it read (when ``clock``)."""
+        """The records ``text`` reads, and PostgreSQL's clock read just after (when
+        ``clock``)."""
         with connections[self.alias].cursor() as cursor:
+            if clock:
+                text += THEN_CLOCK
             if self._state == "begin":  # the first read of a ``step`` opens its transaction
                 self._state = "open"
                 cursor.execute("BEGIN; " + text, params)
@@ -348,13 +349,12 @@ class Rows:
             else:
                 cursor.execute(text, params)
             rows = cursor.fetchall()
-        out = []
-        at = None
-        for row in rows:
+            at = None
             if clock:
-                at, row = self._us(row[-1]), row[:-1]
-                if row[0] is None:
-                    continue  # no row for the key: the clock alone
+                cursor.nextset()
+                at = self._us(cursor.fetchone()[0])
+        out = []
+        for row in rows:
             values = dict(zip(COLUMNS, row, strict=False))
             values["entry"] = row[-1]
             cfg = cfgs if isinstance(cfgs, Config) or cfgs is None else cfgs.get(row[3])
@@ -412,9 +412,9 @@ class Rows:
         if now is not None or not self.pg:
             at = self.clock(now)
             return self.lock(key_hash, cfg), at
-        # one row, whether the key has one or not: the clock is read after the lock is held
+        # the clock is read after the lock is held, in the same round trip
         self.read_at = time.monotonic()
-        text = LOCK_WITH_CLOCK.format(self._select(f"k.{q('key_hash')} = %s", lock=True))
+        text = self._select(f"k.{q('key_hash')} = %s", lock=True)
         got, read = self._fetch(text, [key_hash], cfg, clock=True)
         assert read is not None
         return (got[0] if got else None), read
