@@ -346,11 +346,7 @@ class DebounceKeyAdmin(ReadOnlyAdmin):
         period = request.GET.get("period", DEFAULT_PERIOD)
         if period not in PERIODS:
             period = DEFAULT_PERIOD
-        try:
-            page = int(request.GET.get("p", "1"))
-        except ValueError:
-            page = 1
-        data = summarize(period, page=page)
+        data = summarize(period, page=request.GET.get("p"))
         length, width = PERIODS[period]
         fmt = "%b %d" if width.days else "%b %d %H:%M" if length.days > 1 else "%H:%M"
         # Buckets, period and chart in the zone Django shows times in, named on the page.

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.core.paginator import Paginator
 from django.db import OperationalError, connections, router
 from django.db.models import Aggregate, Case, Count, F, FloatField, Func, IntegerField, Q, Sum, When
 
@@ -87,7 +88,7 @@ class Summary:
 def summarize(
     period: str = DEFAULT_PERIOD,
     *,
-    page: int = 1,
+    page: int | str | None = 1,
     per_page: int = PER_PAGE,
     now: datetime | None = None,
     using: str | None = None,
@@ -95,8 +96,9 @@ def summarize(
     """Aggregate the runs that started in the last ``period`` (a key of ``PERIODS``), per task,
     in the database ``using`` (default: the router's for reading runs; PostgreSQL or SQLite).
 
-    ``page`` (1-based) selects ``per_page`` tasks, most triggers first. ``now`` (aware) ends
-    the period (default: now).
+    ``page`` (1-based) selects ``per_page`` tasks, most triggers first, as Django's
+    ``Paginator.get_page`` does (the last page past the end, the first for a value that is no
+    number). ``now`` (aware) ends the period (default: now).
     Returns a ``Summary``. Raises ``ValueError`` for an unknown period.
     """
     if period not in PERIODS:
@@ -125,9 +127,8 @@ def summarize(
             aggregates[name] = PercentileCont(delay, fraction)
     summaries = _per_task(runs, alias, aggregates)
     summaries.sort(key=lambda s: (-s.triggers, -s.active_keys, s.task_name))
-    pages = max(math.ceil(len(summaries) / per_page), 1)
-    page = min(max(page, 1), pages)
-    shown = summaries[(page - 1) * per_page : page * per_page]
+    paginated = Paginator(summaries, per_page).get_page(page)
+    shown = list(paginated)
     if not postgresql:  # query 2
         offset_percentiles(shown, alias, since, until)
     starts = [since + width * i for i in range(int(length / width))]
@@ -141,8 +142,8 @@ def summarize(
         bucket_starts=starts,
         tasks=shown,
         totals=totals,
-        page=page,
-        pages=pages,
+        page=paginated.number,
+        pages=paginated.paginator.num_pages,
         task_count=len(summaries),
     )
 
