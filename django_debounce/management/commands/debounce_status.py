@@ -11,11 +11,9 @@ from django_debounce import dbtime, display, live
 from django_debounce.management.commands._common import (
     MAX_LIMIT,
     add_database_argument,
-    check_task,
-    database_of,
+    debounce_tables,
     limit,
     limit_error,
-    tables_in,
 )
 from django_debounce.models import DebounceKey
 from django_debounce.observe import index_stats
@@ -58,10 +56,7 @@ class Command(BaseCommand):
         given = options["limit"]  # call_command(limit=...) skips the argparse type
         if isinstance(given, bool) or not isinstance(given, int) or not 1 <= given <= MAX_LIMIT:
             raise CommandError(limit_error(given))
-        alias = database_of(options["database"])
-        with tables_in(alias):
-            if options["task"]:
-                check_task(options["task"], alias)
+        with debounce_tables(options) as alias:
             if options["index"]:
                 return self._index(options)
             if options["pumps"]:
