@@ -33,6 +33,14 @@ RECENT_RUNS = 20
 KEY_CHARS = 40
 
 
+@admin.display(description=_("duration"))
+def duration(run: DebounceRun) -> str:
+    """A run's duration, from its start to its end, as "4.9 s" (empty while it runs)."""
+    if run.finished_at is None:
+        return ""
+    return display.duration((run.finished_at - run.started_at).total_seconds())
+
+
 class ReadOnlyAdmin(admin.ModelAdmin):
     """No add, no change of state by hand; viewing needs view permission. Every time field
     is shown in the zone Django shows its own times in, with the zone in its heading
@@ -309,7 +317,7 @@ class DebounceKeyAdmin(ReadOnlyAdmin):
                 run.merged,
                 admin_times.local(run.started_at).strftime("%Y-%m-%d %H:%M:%S"),
                 display.duration(run.delay),
-                _duration(run),
+                duration(run),
                 run.outcome,
                 run.error[:200],
             )
@@ -346,11 +354,7 @@ class DebounceKeyAdmin(ReadOnlyAdmin):
         period = request.GET.get("period", DEFAULT_PERIOD)
         if period not in PERIODS:
             period = DEFAULT_PERIOD
-        try:
-            page = int(request.GET.get("p", "1"))
-        except ValueError:
-            page = 1
-        data = summarize(period, page=page)
+        data = summarize(period, page=request.GET.get("p"))
         length, width = PERIODS[period]
         fmt = "%b %d" if width.days else "%b %d %H:%M" if length.days > 1 else "%H:%M"
         # Buckets, period and chart in the zone Django shows times in, named on the page.
@@ -364,7 +368,6 @@ class DebounceKeyAdmin(ReadOnlyAdmin):
                 "task": task,
                 "median": display.duration(task.median_delay),
                 "p95": display.duration(task.p95_delay),
-                "ratio": f"{task.ratio:.1f}" if task.ratio is not None else "",
                 "sparkline": charts.sparkline(task.bucket_triggers, task.bucket_runs, labels),
                 "keys_url": f"{keys}?{urlencode({'task': task.task_name})}",
             }
@@ -389,7 +392,6 @@ class DebounceKeyAdmin(ReadOnlyAdmin):
             "until": admin_times.local(data.until).strftime("%Y-%m-%d %H:%M"),
             "zone": zone,
             "bucket": bucket,
-            "totals_ratio": f"{data.totals.ratio:.1f}" if data.totals.ratio is not None else "",
             "page_range": range(1, data.pages + 1),
             "breadcrumbs_as_list": django.VERSION >= (6, 1),
         }
@@ -406,7 +408,7 @@ class DebounceRunAdmin(ReadOnlyAdmin):
         "outcome",
         "started_at",
         "run_delay",
-        "duration",
+        duration,
         "triggers",
         "merged",
         "run_id",
@@ -434,18 +436,6 @@ class DebounceRunAdmin(ReadOnlyAdmin):
     def run_delay(self, obj: DebounceRun) -> str:
         """From the last claimed trigger to the start, as "4.9 s"."""
         return display.duration(obj.delay)
-
-    @admin.display(description=_("duration"))
-    def duration(self, obj: DebounceRun) -> str:
-        """From the start to the end, as "4.9 s" (empty while running)."""
-        return _duration(obj)
-
-
-def _duration(run: DebounceRun) -> str:
-    """A run's duration, as "4.9 s" (empty while it runs)."""
-    if run.finished_at is None:
-        return ""
-    return display.duration((run.finished_at - run.started_at).total_seconds())
 
 
 if conf.get("ADMIN_ENABLED"):

@@ -12,6 +12,7 @@ from django.contrib import admin
 from django.db import models
 from django.utils import formats, timezone
 from django.utils.functional import lazy
+from django.utils.text import format_lazy
 
 
 def zone() -> tzinfo:
@@ -22,9 +23,7 @@ def zone() -> tzinfo:
 
 def zone_name() -> str:
     """The name of ``zone()``, such as ``"America/New_York"`` or ``"UTC"``."""
-    if settings.USE_TZ:
-        return timezone.get_current_timezone_name()
-    return timezone.get_default_timezone_name()
+    return str(zone())
 
 
 def local(value: datetime) -> datetime:
@@ -32,13 +31,10 @@ def local(value: datetime) -> datetime:
     return timezone.localtime(value, zone())
 
 
-def _labelled(text: Any) -> str:
-    return f"{text} ({zone_name()})"
-
-
-# Lazy: a heading is built once, at import, and named the zone of each request that shows it.
-labelled: Callable[[Any], str] = lazy(_labelled, str)
-labelled.__doc__ = """``text`` followed by the zone's name: ``"started (America/New_York)"``."""
+def labelled(text: Any) -> str:
+    """``text`` followed by the zone's name, such as ``"started (America/New_York)"``, lazily:
+    a heading built once names the zone of each request that shows it."""
+    return format_lazy("{} ({})", text, lazy(zone_name, str)())
 
 
 def time_column(field: models.Field, empty: str) -> Callable[[Any], str]:

@@ -1,7 +1,5 @@
-"""Database connections of the worker's own threads (the pump, the lease keeper): kept
-between ticks, a failed one closed at once, Django's age rule applied every ``REFRESH``
-seconds; on SQLite each tick closes its connections and holds a fork guard
-(docs/design.md, "Dispatch at scale", "Connections")."""
+"""Database connections of the worker's own threads (the pump, the lease keeper), and the
+fork guard of SQLite projects (docs/design.md, "Dispatch at scale", "Connections")."""
 
 from __future__ import annotations
 

@@ -30,27 +30,19 @@ class DebounceKeyQuerySet(models.QuerySet):
         """Keys with pending triggers or a live run."""
         return self.exclude(state=DebounceKey.State.IDLE)
 
-    def stale(self, cutoff: datetime) -> DebounceKeyQuerySet:
-        """Idle keys (nothing pending, nothing running) whose last state change is older than
-        ``cutoff`` (an aware datetime)."""
-        return self.filter(
+    def delete_stale(
+        self, cutoff: datetime, *, batch_size: int = 1000, dry_run: bool = False
+    ) -> int:
+        """Delete idle keys (nothing pending, nothing running) whose last state change is older
+        than ``cutoff`` (an aware datetime) and their run history (by cascade) in batches;
+        returns the count of keys (that would be) deleted."""
+        stale = self.filter(
             state=DebounceKey.State.IDLE,
             pending=0,
             running_until__isnull=True,
             updated_at__lt=cutoff,
         )
-
-    def lease_expired(self, now: datetime) -> DebounceKeyQuerySet:
-        """Keys whose live run's lease ran out before ``now``: the run counts as lost and
-        recovery redoes it (as recorded in the row; for the Redis store, its mirror)."""
-        return self.filter(running_until__lt=now)
-
-    def delete_stale(
-        self, cutoff: datetime, *, batch_size: int = 1000, dry_run: bool = False
-    ) -> int:
-        """Delete ``stale(cutoff)`` keys and their run history (by cascade) in batches;
-        returns the count of keys (that would be) deleted."""
-        return _delete_in_batches(self.stale(cutoff), batch_size, dry_run)
+        return _delete_in_batches(stale, batch_size, dry_run)
 
 
 class DebounceRunQuerySet(models.QuerySet):

@@ -1,8 +1,6 @@
-"""The run table: which debounced run each pool process of a prefork worker is executing,
-written by the pool process and read by the lease keeper in the main process, so the keeper
-kills a process only while it still runs the run it protects (docs/design.md, "Dispatch at
-scale": the run table). One slot per pool process in an anonymous file inherited through the
-fork, each guarded by a POSIX byte-range lock on its first byte."""
+"""The run table: which debounced run each pool process of a prefork worker executes, one
+slot per process in an anonymous file inherited through the fork, each slot guarded by a
+POSIX byte-range lock on its first byte (docs/design.md, "Dispatch at scale": the run table)."""
 
 from __future__ import annotations
 
@@ -97,11 +95,6 @@ class RunTable:
                 out[pid] = (slot, state, seq, hashed)
         return out
 
-    def find(self, pid: int) -> int | None:
-        """The slot of process ``pid`` (callers check it again under the slot's lock)."""
-        got = self.snapshot().get(pid)
-        return got[0] if got is not None else None
-
     # -- the pool process's side -----------------------------------------------------------
 
     def register(self) -> int | None:
@@ -179,9 +172,10 @@ class RunTable:
         meanwhile waits for the kill. Returns the run's readable key (as the child wrote it)
         when the process was killed, ``None`` when it was left alone (it runs something else,
         or nothing, or could not be locked in time)."""
-        slot = self.find(pid)
-        if slot is None:
+        got = self.snapshot().get(pid)  # checked again under the slot's lock
+        if got is None:
             return None
+        slot = got[0]
         pidfd = _pidfd(pid)  # the process now: a pid reused later cannot be signalled
         try:
             if not self._lock_within(slot, 1.0):

@@ -1,7 +1,7 @@
 """The per-task summary of the admin: triggers in, runs out, coalescing ratio and the
 trigger-to-start delay (median, 95th percentile) over a period, with counts per time bucket,
-aggregated in the database in a fixed number of queries (docs/design.md, "Models, admin,
-commands and signals"; the SQL is in ``summary_sql.py``)."""
+aggregated in the database in a fixed number of statements (docs/design.md, "The summary's
+SQL")."""
 
 from __future__ import annotations
 
@@ -10,18 +10,12 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import connections, router
-from django.db.models import Case, Count, F, FloatField, Q, Sum, When
+from django.core.paginator import Paginator
+from django.db import OperationalError, connections, router
+from django.db.models import Aggregate, Case, Count, F, FloatField, Func, IntegerField, Q, Sum, When
 
 from django_debounce import dbtime
 from django_debounce.models import DebounceKey, DebounceRun
-from django_debounce.summary_sql import (
-    Bucket,
-    PercentileCont,
-    offset_percentiles,
-    percentile_positions,
-    sqlite_bucket_counts,
-)
 
 __all__ = ["PERIODS", "Summary", "TaskSummary", "percentile_positions", "summarize"]
 
@@ -33,13 +27,18 @@ PERIODS: dict[str, tuple[timedelta, timedelta]] = {
     "30d": (timedelta(days=30), timedelta(days=1)),
 }
 DEFAULT_PERIOD = "24h"
-FRACTIONS = (0.5, 0.95)
+# The delay percentiles of a TaskSummary: attribute -> fraction.
+DELAYS = {"median_delay": 0.5, "p95_delay": 0.95}
 PER_PAGE = 50
-METHODS = ("auto", "sql", "offset")
 # The counts of a TaskSummary (query 1 gives them as n_<name>, but active_keys).
 COUNTS = ("runs", "triggers", "failures", "retried", "lost", "active_keys")
 # Runs whose triggers a later run covers again: counted apart, never as runs out.
 REDONE = (DebounceRun.Outcome.LOST, DebounceRun.Outcome.RETRY)
+# Created on SQLite only, by migration 0001; read by ``offset_percentiles``.
+SQLITE_DELAY_INDEX = "debounce_run_task_delay"
+# SQLite allows at most 500 terms in one compound SELECT.
+SQLITE_MAX_TERMS = 500
+PARAMS_PER_TERM = 8
 
 
 @dataclass
@@ -89,29 +88,23 @@ class Summary:
 def summarize(
     period: str = DEFAULT_PERIOD,
     *,
-    page: int = 1,
+    page: int | str | None = 1,
     per_page: int = PER_PAGE,
     now: datetime | None = None,
     using: str | None = None,
-    percentiles: str = "auto",
 ) -> Summary:
-    """Aggregate the runs that started in the last ``period`` (a key of ``PERIODS``), per task.
+    """Aggregate the runs that started in the last ``period`` (a key of ``PERIODS``), per task,
+    in the database ``using`` (default: the router's for reading runs; PostgreSQL or SQLite).
 
-    ``page`` (1-based) selects ``per_page`` tasks, most triggers first. ``percentiles`` picks
-    how percentiles are computed: ``"auto"`` (``"sql"`` on PostgreSQL, ``"offset"`` on SQLite),
-    ``"sql"`` (``percentile_cont``, PostgreSQL only) or ``"offset"`` (see ``summary_sql``).
-    ``now`` (aware) ends the period (default: now).
-    Returns a ``Summary``. Raises ``ValueError`` for an unknown period or method.
+    ``page`` (1-based) selects ``per_page`` tasks, most triggers first, as Django's
+    ``Paginator.get_page`` does (the last page past the end, the first for a value that is no
+    number). ``now`` (aware) ends the period (default: now).
+    Returns a ``Summary``. Raises ``ValueError`` for an unknown period.
     """
     if period not in PERIODS:
         raise ValueError(f"period must be one of {', '.join(PERIODS)}, not {period!r}")
-    if percentiles not in METHODS:
-        raise ValueError(f"percentiles must be one of {', '.join(METHODS)}, not {percentiles!r}")
     alias = using or router.db_for_read(DebounceRun)
-    vendor = connections[alias].vendor
-    method = percentiles
-    if method == "auto":
-        method = "sql" if vendor == "postgresql" else "offset"
+    postgresql = connections[alias].vendor == "postgresql"
     length, width = PERIODS[period]
     until = now or dbtime.now()
     since = until - length
@@ -126,23 +119,21 @@ def summarize(
         "n_retried": Count("started_at", filter=Q(outcome=DebounceRun.Outcome.RETRY)),
         "n_lost": Count("started_at", filter=Q(outcome=DebounceRun.Outcome.LOST)),
     }
-    if method == "sql":
+    if postgresql:
         # percentile_cont skips NULLs: a CASE, not a FILTER clause (whose SQL Django builds
         # differently from one version to the next), leaves the redone runs out.
         delay = Case(When(counted, then=F("delay")), output_field=FloatField())
-        for fraction in FRACTIONS:
-            aggregates[f"p{int(fraction * 100)}"] = PercentileCont(delay, fraction)
+        for name, fraction in DELAYS.items():
+            aggregates[name] = PercentileCont(delay, fraction)
     summaries = _per_task(runs, alias, aggregates)
     summaries.sort(key=lambda s: (-s.triggers, -s.active_keys, s.task_name))
-    pages = max(math.ceil(len(summaries) / per_page), 1)
-    page = min(max(page, 1), pages)
-    shown = summaries[(page - 1) * per_page : page * per_page]
-    if method != "sql":  # query 2
-        _fill_percentiles(shown, alias, since, until)
-    n_buckets = int(length / width)
-    starts = [since + width * i for i in range(n_buckets)]
+    paginated = Paginator(summaries, per_page).get_page(page)
+    shown = list(paginated)
+    if not postgresql:  # query 2
+        offset_percentiles(shown, alias, since, until)
+    starts = [since + width * i for i in range(int(length / width))]
     totals = TaskSummary("", **{n: sum(getattr(s, n) for s in summaries) for n in COUNTS})
-    _fill_buckets(totals, shown, runs.filter(counted), alias, vendor, starts, width)  # query 3
+    _fill_buckets(totals, shown, runs.filter(counted), since, width, len(starts))  # query 3
     return Summary(
         period=period,
         since=since,
@@ -151,8 +142,8 @@ def summarize(
         bucket_starts=starts,
         tasks=shown,
         totals=totals,
-        page=page,
-        pages=pages,
+        page=paginated.number,
+        pages=paginated.paginator.num_pages,
         task_count=len(summaries),
     )
 
@@ -177,63 +168,135 @@ def _per_task(runs: Any, alias: str, aggregates: dict[str, Any]) -> list[TaskSum
         row = per_task.get(name, {})
         counts: dict[str, Any] = {n: row.get(f"n_{n}") or 0 for n in COUNTS}
         counts["active_keys"] = active.get(name, 0)
-        summaries.append(
-            TaskSummary(name, **counts, median_delay=row.get("p50"), p95_delay=row.get("p95"))
-        )
+        summaries.append(TaskSummary(name, **counts, **{delay: row.get(delay) for delay in DELAYS}))
     return summaries
-
-
-def _fill_percentiles(
-    shown: list[TaskSummary], alias: str, since: datetime, until: datetime
-) -> None:
-    """Set the median and 95th percentile delay of the ``shown`` tasks by ``offset_percentiles``
-    (``"sql"`` computed them in query 1)."""
-    counts = {s.task_name: s.runs for s in shown}
-    found = offset_percentiles(alias, since, until, counts, FRACTIONS)
-    for s in shown:
-        s.median_delay = found.get(s.task_name, {}).get(0.5)
-        s.p95_delay = found.get(s.task_name, {}).get(0.95)
 
 
 def _fill_buckets(
     totals: TaskSummary,
     shown: list[TaskSummary],
     counted_runs: Any,
-    alias: str,
-    vendor: str,
-    starts: list[datetime],
-    width: Any,
+    since: datetime,
+    width: timedelta,
+    n_buckets: int,
 ) -> None:
     """Triggers and runs per time bucket, of all tasks (``totals``) and of each ``shown``
-    task (query 3; two statements on SQLite)."""
-    n_buckets = len(starts)
-    totals.bucket_triggers, totals.bucket_runs = [0] * n_buckets, [0] * n_buckets
+    task (query 3)."""
     by_name = {s.task_name: s for s in shown}
-    for s in shown:
+    for s in (totals, *shown):
         s.bucket_triggers, s.bucket_runs = [0] * n_buckets, [0] * n_buckets
-    if vendor == "sqlite":
-        all_tasks, per_task_buckets = sqlite_bucket_counts(alias, starts, width, list(by_name))
-        for b, (n_runs, n_triggers) in enumerate(all_tasks):
-            totals.bucket_runs[b], totals.bucket_triggers[b] = n_runs, n_triggers
-        for name, counts_per_bucket in per_task_buckets.items():
-            for b, (n_runs, n_triggers) in enumerate(counts_per_bucket):
-                by_name[name].bucket_runs[b] = n_runs
-                by_name[name].bucket_triggers[b] = n_triggers
-        return
-    since = starts[0]
     buckets = (
         counted_runs.order_by()
-        .annotate(b=Bucket("started_at", int(since.timestamp()), int(width.total_seconds())))
+        .annotate(b=Bucket("started_at", since, width))
         .values("task_name", "b")
         .annotate(n_runs=Count("started_at"), n_triggers=Sum("triggers"))
         .values_list("task_name", "b", "n_runs", "n_triggers")
     )
     for name, b, n_runs, n_triggers in buckets:
-        b = int(b)
         if not 0 <= b < n_buckets:
             continue
-        totals.bucket_runs[b] += n_runs
-        totals.bucket_triggers[b] += n_triggers or 0
-        if name in by_name:
-            by_name[name].bucket_runs[b] += n_runs
-            by_name[name].bucket_triggers[b] += n_triggers or 0
+        for counted in (totals, by_name.get(name)):
+            if counted is not None:
+                counted.bucket_runs[b] += n_runs
+                counted.bucket_triggers[b] += n_triggers or 0
+
+
+class PercentileCont(Aggregate):
+    """PostgreSQL's ordered-set aggregate ``percentile_cont(fraction) WITHIN GROUP (ORDER BY x)``
+    (continuous percentile, linear interpolation between the two nearest values)."""
+
+    function = "PERCENTILE_CONT"
+    name = "PercentileCont"
+    template = "%(function)s(%(fraction)s) WITHIN GROUP (ORDER BY %(expressions)s)"
+    output_field = FloatField()
+
+    def __init__(self, expression: Any, fraction: float) -> None:
+        # No filter=: the template has no place for it (use a CASE; NULLs are skipped).
+        super().__init__(expression, fraction=repr(float(fraction)))
+
+
+class Bucket(Func):
+    """Index of the ``width``-wide time bucket that a datetime column falls in, counted from
+    ``origin`` (aware): ``floor((time - origin) / width)``, on PostgreSQL and SQLite."""
+
+    output_field = IntegerField()
+
+    def __init__(self, expression: Any, origin: datetime, width: timedelta) -> None:
+        super().__init__(expression)
+        self.origin, self.width = origin, width.total_seconds()
+
+    def as_sql(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, list[Any]]:
+        sql, params = compiler.compile(self.source_expressions[0])
+        # date_part is double precision; EXTRACT is numeric since PostgreSQL 14, and slower.
+        epoch = f"FLOOR((date_part('epoch', {sql}) - %s) / %s)::bigint"
+        return epoch, [*params, self.origin.timestamp(), self.width]
+
+    def as_sqlite(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, list[Any]]:
+        sql, params = compiler.compile(self.source_expressions[0])
+        # Both times as stored (naive in TIME_ZONE without USE_TZ); never negative here.
+        days = f"CAST((julianday({sql}) - julianday(%s)) * 86400 / %s AS INTEGER)"
+        return days, [*params, adapt_time(connection.ops, self.origin), self.width]
+
+
+def adapt_time(ops: Any, value: datetime) -> Any:
+    """``value`` (aware) as the database adapter stores it under either ``USE_TZ``."""
+    return ops.adapt_datetimefield_value(dbtime.to_db(value))
+
+
+def percentile_positions(n: int, fraction: float) -> tuple[int, int, float]:
+    """1-based row numbers of the two values around the ``fraction`` percentile of ``n``
+    sorted values, and the interpolation weight of the upper one (as ``percentile_cont``)."""
+    index = (n - 1) * fraction
+    low = math.floor(index)
+    return low + 1, min(low + 2, n), index - low
+
+
+def offset_percentiles(
+    shown: list[TaskSummary], alias: str, since: datetime, until: datetime
+) -> None:
+    """Set the ``DELAYS`` of the ``shown`` tasks (their ``runs`` counted) from the runs that
+    started from ``since`` to ``until``, on SQLite (query 2): each percentile is read with
+    ``ORDER BY delay LIMIT 2 OFFSET k`` from the nearer end through the index
+    ``SQLITE_DELAY_INDEX`` (nothing is sorted), all of them in one statement."""
+    connection = connections[alias]
+    qn = connection.ops.quote_name
+    table = qn(DebounceRun._meta.db_table)
+    hint = f" INDEXED BY {qn(SQLITE_DELAY_INDEX)}"
+    bounds = [adapt_time(connection.ops, t) for t in (since, until)]
+    terms: list[str] = []
+    params: list[Any] = []
+    wanted: list[tuple[TaskSummary, str, float]] = []
+    for task in shown:
+        n = task.runs
+        if not n:
+            continue
+        for attribute, fraction in DELAYS.items():
+            low, high, weight = percentile_positions(n, fraction)
+            ascending = low - 1 <= n - high
+            offset = low - 1 if ascending else n - high
+            terms.append(
+                f"SELECT %s AS {qn('term')}, {qn('delay')} FROM (SELECT {qn('delay')} "
+                f"FROM {table}{hint} WHERE {qn('task_name')} = %s AND {qn('started_at')} >= %s "
+                f"AND {qn('started_at')} < %s AND {qn('outcome')} NOT IN (%s, %s) "
+                f"ORDER BY {qn('delay')} {'ASC' if ascending else 'DESC'} LIMIT %s OFFSET %s) "
+                f"{qn('t' + str(len(terms)))}"
+            )
+            params += [len(wanted), task.task_name, *bounds, *REDONE, high - low + 1, offset]
+            wanted.append((task, attribute, weight))
+    found: dict[int, list[float]] = {}
+    for start in range(0, len(terms), SQLITE_MAX_TERMS):
+        chunk = terms[start : start + SQLITE_MAX_TERMS]
+        chunk_params = params[start * PARAMS_PER_TERM : (start + len(chunk)) * PARAMS_PER_TERM]
+        sql = " UNION ALL ".join(chunk)
+        with connection.cursor() as cursor:
+            try:
+                cursor.execute(sql, chunk_params)
+            except OperationalError:
+                # The index is gone (a later migration rebuilt the table): same answer, slower.
+                cursor.execute(sql.replace(hint, ""), chunk_params)
+            for term, delay in cursor.fetchall():
+                found.setdefault(int(term), []).append(float(delay))
+    for term, (task, attribute, weight) in enumerate(wanted):
+        if term in found:  # else deleted meanwhile
+            lower, upper = min(found[term]), max(found[term])
+            setattr(task, attribute, lower + (upper - lower) * weight)

@@ -6,7 +6,7 @@ from django.db import migrations, models
 
 def sqlite_delay_index(apps, schema_editor):
     """The percentiles of the admin summary walk (task, delay) in order on SQLite, which has
-    no percentile function (see summary_sql.offset_percentiles). Other databases do not
+    no percentile function (see summary.offset_percentiles). Other databases do not
     need this index, so it is not in the model's Meta."""
     if schema_editor.connection.vendor == "sqlite":
         schema_editor.execute(

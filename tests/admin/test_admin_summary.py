@@ -17,8 +17,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from django_debounce.models import DebounceKey, DebounceRun
-from django_debounce.summary import percentile_positions, summarize
-from django_debounce.summary_sql import SQLITE_DELAY_INDEX
+from django_debounce.summary import SQLITE_DELAY_INDEX, percentile_positions, summarize
 
 pytestmark = pytest.mark.django_db
 SUMMARY = "admin:django_debounce_debouncekey_summary"
@@ -98,13 +97,8 @@ def test_percentile_positions_interpolate_like_percentile_cont():
     assert expected_percentile(values, 0.95) == pytest.approx(inclusive[94])
 
 
-# percentile_cont is PostgreSQL's; the offset queries run on both databases.
-METHODS = ["auto", "offset"] + (["sql"] if settings.DB_VENDOR == "postgresql" else [])
-
-
-@pytest.mark.parametrize("method", METHODS)
-def test_summary_figures_match_the_generated_history(history, method):
-    data = summarize("24h", percentiles=method)
+def test_summary_figures_match_the_generated_history(history):
+    data = summarize("24h")
     by_task = {t.task_name: t for t in data.tasks}
     assert list(by_task) == ["shop.reindex", "shop.webhook"]  # most triggers first
     reindex, webhook = by_task["shop.reindex"], by_task["shop.webhook"]
@@ -143,11 +137,11 @@ if settings.DB_VENDOR == "sqlite":
     def test_offset_percentiles_without_the_sqlite_index(history):
         """A later migration that rebuilds the table on SQLite drops the index migration 0003
         made: the summary still answers, without the index hint."""
-        expected = summarize("24h", percentiles="offset").tasks[0].median_delay
+        expected = summarize("24h").tasks[0].median_delay
         with connection.cursor() as cursor:
             cursor.execute(f"DROP INDEX {SQLITE_DELAY_INDEX}")
         try:
-            assert summarize("24h", percentiles="offset").tasks[0].median_delay == expected
+            assert summarize("24h").tasks[0].median_delay == expected
         finally:
             with connection.cursor() as cursor:
                 cursor.execute(
@@ -230,8 +224,8 @@ def test_summary_and_changelist_queries_do_not_grow_with_the_tables(
         operator.get(reverse(CHANGELIST))
     with django_assert_max_num_queries(small_key_page):
         operator.get(reverse("admin:django_debounce_debouncekey_change", args=[key.pk]))
-    # Session and user, then the summary's own statements: three on PostgreSQL, five on SQLite.
-    assert small_summary <= 7, small_summary
+    # Session and user, then the summary's own statements: three on PostgreSQL, four on SQLite.
+    assert small_summary <= 6, small_summary
 
 
 def breadcrumbs(page) -> tuple[str, str, list[str]]:

@@ -19,6 +19,7 @@ from django.utils import timezone
 
 from django_debounce import dbtime
 from django_debounce.models import DebounceKey, DebounceRun
+from django_debounce.summary import summarize
 from django_debounce.testing import run_due
 from tests.testapp.tasks import record, record_slow
 
@@ -115,3 +116,6 @@ def test_summary_period_and_chart_are_local_and_labelled(operator, eager, zone):
     first_bucket = timezone.localtime(summary.bucket_starts[0], local)
     assert f">{first_bucket:%H:%M}</text>" in content  # the chart's first axis label
     assert f"times in {zone}</text>" in content
+    # The run (started a second ahead) is counted in the last bucket of the next minute's day.
+    later = summarize("24h", now=dbtime.now() + timedelta(minutes=1))
+    assert later.totals.runs == later.totals.bucket_runs[-1] == 1

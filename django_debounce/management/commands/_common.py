@@ -8,6 +8,7 @@ import argparse
 import difflib
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from django.core.management.base import CommandError
 from django.db import DatabaseError, connections, router
@@ -40,26 +41,25 @@ def limit(text: str) -> int:
     return int(stripped)
 
 
-def database_of(alias: str | None) -> str:
-    """The database alias of the debounce tables: ``alias`` (``--database``) when given,
-    else the one the project's router writes ``DebounceKey`` to. Raises ``CommandError``
-    for an alias ``DATABASES`` does not have."""
+@contextmanager
+def debounce_tables(options: dict[str, Any]) -> Iterator[str]:
+    """``with debounce_tables(options) as alias:`` around a command's work on the debounce
+    tables. ``alias`` is ``--database`` when given, else the one the project's router writes
+    ``DebounceKey`` to; a ``--task`` is checked (``check_task``). Raises ``CommandError`` for
+    an alias ``DATABASES`` does not have, and in place of a database error from the tables
+    (most often: they are not there), naming the fix."""
+    alias = options["database"]
     if alias is None:
-        return str(router.db_for_write(DebounceKey))
-    if alias not in connections:
+        alias = str(router.db_for_write(DebounceKey))
+    elif alias not in connections:
         raise CommandError(
             f"--database {alias!r} is not a database alias of this project; use one of: "
             f"{', '.join(connections)}."
         )
-    return alias
-
-
-@contextmanager
-def tables_in(alias: str) -> Iterator[None]:
-    """Turn a database error from the debounce tables of ``alias`` (most often: they are not
-    there) into a ``CommandError`` naming the fix, instead of a traceback."""
     try:
-        yield
+        if options["task"]:
+            check_task(options["task"], alias)
+        yield alias
     except DatabaseError as exc:
         raise CommandError(
             f"Could not read the debounce tables in database {alias!r}: {exc}".rstrip()
@@ -70,7 +70,7 @@ def tables_in(alias: str) -> Iterator[None]:
 
 
 def add_database_argument(parser: argparse.ArgumentParser, more: str = "") -> None:
-    """The ``--database`` option (see ``database_of``); ``more`` ends its help."""
+    """The ``--database`` option (see ``debounce_tables``); ``more`` ends its help."""
     parser.add_argument(
         "--database",
         default=None,

@@ -8,12 +8,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_debounce import dbtime, durations, registry
-from django_debounce.management.commands._common import (
-    add_database_argument,
-    check_task,
-    database_of,
-    tables_in,
-)
+from django_debounce.management.commands._common import add_database_argument, debounce_tables
 from django_debounce.models import DebounceKey, DebounceRun
 from django_debounce.observe import index_stats
 from django_debounce.recovery import cancel_unregistered, recover
@@ -64,8 +59,7 @@ class Command(BaseCommand):
                 "--batch-size must be an integer from 1 to 100000 (rows per delete), e.g. "
                 "--batch-size 1000."
             )
-        alias = database_of(options["database"])
-        with tables_in(alias):
+        with debounce_tables(options) as alias:
             self._purge(alias, age, options)
 
     def _purge(self, alias: str, age: Any, options: dict[str, Any]) -> None:
@@ -73,13 +67,13 @@ class Command(BaseCommand):
         runs = DebounceRun.objects.using(alias).all()
         task = options["task"]
         if task:
-            check_task(task, alias)
             keys, runs = keys.filter(task_name=task), runs.filter(task_name=task)
         now = dbtime.now()
         cutoff = now - age
         dry = options["dry_run"]
-        # Recovery covers every key, whatever --task says: the stores recover all at once.
-        lost = DebounceKey.objects.using(alias).lease_expired(now).count()
+        # Recovery covers every key, whatever --task says: the stores recover all at once. A
+        # run whose lease ran out counts as lost, and recovery redoes it.
+        lost = DebounceKey.objects.using(alias).filter(running_until__lt=now).count()
         if dry:
             due = sum(stats.due for stats in index_stats().values())
             recovery = (

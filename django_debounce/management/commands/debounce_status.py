@@ -11,11 +11,9 @@ from django_debounce import dbtime, display, live
 from django_debounce.management.commands._common import (
     MAX_LIMIT,
     add_database_argument,
-    check_task,
-    database_of,
+    debounce_tables,
     limit,
     limit_error,
-    tables_in,
 )
 from django_debounce.models import DebounceKey
 from django_debounce.observe import index_stats
@@ -58,10 +56,7 @@ class Command(BaseCommand):
         given = options["limit"]  # call_command(limit=...) skips the argparse type
         if isinstance(given, bool) or not isinstance(given, int) or not 1 <= given <= MAX_LIMIT:
             raise CommandError(limit_error(given))
-        alias = database_of(options["database"])
-        with tables_in(alias):
-            if options["task"]:
-                check_task(options["task"], alias)
+        with debounce_tables(options) as alias:
             if options["index"]:
                 return self._index(options)
             if options["pumps"]:
@@ -111,19 +106,11 @@ class Command(BaseCommand):
             )
             return
         header = ("task", "key", "state", "pending", "fires", "triggers", "runs", "merged")
-        table = [header] + [
-            (
-                rec["task"],
-                rec["key"] if len(rec["key"]) <= 60 else rec["key"][:59] + "…",
-                rec["state"],
-                str(rec["pending"]),
-                rec["fires"] or "-",
-                str(rec["triggers"]),
-                str(rec["runs"]),
-                str(rec["merged"]),
-            )
-            for rec in records
-        ]
+        table: list[tuple[str, ...]] = [header]
+        for rec in records:
+            key = rec["key"] if len(rec["key"]) <= 60 else rec["key"][:59] + "…"
+            cells = {**rec, "key": key, "fires": rec["fires"] or "-"}
+            table.append(tuple(str(cells[column]) for column in header))
         widths = [max(len(row[i]) for row in table) for i in range(len(header))]
         for row in table:
             self.stdout.write("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)))
@@ -137,23 +124,16 @@ class Command(BaseCommand):
         stats = index_stats()
         if options["task"]:
             stats = {k: v for k, v in stats.items() if k == options["task"]}
-        if options["json"]:
-            for name, st in sorted(stats.items()):
-                self.stdout.write(
-                    json.dumps(
-                        {
-                            "task": name,
-                            "depth": st.depth,
-                            "due": st.due,
-                            "oldest_due_age_s": round(st.oldest_due_age, 3),
-                        }
-                    )
-                )
-            return
-        self.stdout.write(f"{'task':40}  {'depth':>9}  {'due now':>9}  oldest due")
+        if not options["json"]:
+            self.stdout.write(f"{'task':40}  {'depth':>9}  {'due now':>9}  oldest due")
         for name, st in sorted(stats.items()):
-            age = f"{st.oldest_due_age:.1f} s late" if st.due else "-"
-            self.stdout.write(f"{name:40}  {st.depth:>9}  {st.due:>9}  {age}")
+            if options["json"]:
+                age_s = round(st.oldest_due_age, 3)
+                row = {"task": name, "depth": st.depth, "due": st.due, "oldest_due_age_s": age_s}
+                self.stdout.write(json.dumps(row))
+            else:
+                age = f"{st.oldest_due_age:.1f} s late" if st.due else "-"
+                self.stdout.write(f"{name:40}  {st.depth:>9}  {st.due:>9}  {age}")
 
     def _pumps(self, options: dict[str, Any]) -> None:
         from celery import current_app
