@@ -7,6 +7,8 @@ messages of cancelled flights. Most are regressions the property test found."""
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict
 from datetime import timedelta
 from typing import Any
@@ -579,10 +581,10 @@ def test_trigger_many_from_several_processes_counts_every_trigger_once(store):
         assert (live["pending"], live["triggers"], live["flight_id"]) == (20, 20, 1), tag
 
 
-@pytest.fixture
-def planted_failure() -> Any:
-    """A PostgreSQL trigger that fails every ``UPDATE`` of ``H``'s key row: a real database
-    error in the middle of a step (only on PostgreSQL)."""
+@contextmanager
+def planted(key_hash: str = H) -> Iterator[None]:
+    """A PostgreSQL trigger that fails every ``UPDATE`` of ``key_hash``'s key row: a real
+    database error in the middle of a step (only on PostgreSQL)."""
     from django.db import connection
 
     if connection.vendor != "postgresql":
@@ -595,12 +597,20 @@ def planted_failure() -> Any:
         )
         cursor.execute(
             f"CREATE TRIGGER debounce_planted BEFORE UPDATE ON {table} FOR EACH ROW "
-            f"WHEN (NEW.key_hash = '{H}') EXECUTE FUNCTION debounce_planted()"
+            f"WHEN (NEW.key_hash = '{key_hash}') EXECUTE FUNCTION debounce_planted()"
         )
-    yield
-    with connection.cursor() as cursor:
-        cursor.execute(f"DROP TRIGGER debounce_planted ON {table}")
-        cursor.execute("DROP FUNCTION debounce_planted()")
+    try:
+        yield
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(f"DROP TRIGGER debounce_planted ON {table}")
+            cursor.execute("DROP FUNCTION debounce_planted()")
+
+
+@pytest.fixture
+def planted_failure() -> Iterator[None]:
+    with planted():
+        yield
 
 
 def _idle() -> bool:
@@ -654,3 +664,20 @@ def test_a_step_whose_read_fails_leaves_no_transaction_open(store):
             with connection.cursor() as cursor:
                 cursor.execute("SET lock_timeout = 0")
     assert fire(backend, 1).action == FireAction.CLAIM
+
+
+def test_a_claim_that_fails_after_its_seal_keeps_what_the_counter_counted(store):
+    """A claim seals the key's counter (on the Redis store: the merged triggers leave Redis)
+    and then fails to commit: the row still names the counter, and the next claim reads the
+    same count from the counter's tombstone. No trigger is lost to the failed claim."""
+    from django.db import DatabaseError
+
+    from django_debounce.models import DebounceRun
+
+    backend = get_backend()
+    for i in range(3):  # an opening and, on the Redis store, two merges into its counter
+        trig(backend, 1, 0.1 * i)
+    with planted(), pytest.raises(DatabaseError, match="planted failure"):
+        fire(backend, 1)
+    assert fire(backend, 1.1).action == FireAction.CLAIM
+    assert DebounceRun.objects.get(flight_id=1).triggers == 3

@@ -1,7 +1,8 @@
 #!lua flags=allow-oom
 -- Seal the counter of id ARGV[1] (or an older one) before a step decides on the flight
 -- (docs/design.md, fence 3): read what it counted and leave a tombstone of that id, which
--- refuses merges and any late open of an id up to it, until ARGV[2] microseconds from now.
+-- refuses merges and any late open of an id up to it, until ARGV[2] microseconds from now,
+-- and gives the same count to a seal of the same id again (its first step rolled back).
 -- Flagged allow-oom: it works on a full Redis (it frees more than it writes).
 -- KEYS[1] the counter; ARGV: id, tombstone life (us), now ("": TIME).
 -- Returns {count, age of the last counted trigger in us, fingerprint}; {0} when nothing
@@ -19,11 +20,16 @@ if cur and cur > id then
 end
 local out = {0}
 local n = tonumber(c[2])
-if cur and not c[5] and n and n > 0 then
+-- a tombstone of this very id keeps what its seal read: a step that sealed and then failed
+-- to commit (the row still names the counter) reads it again
+if cur and n and n > 0 and (not c[5] or cur == id) then
   out = {n, now - tonumber(c[3]), c[4]}
 end
 local life = math.max(tonumber(ARGV[2]), 0)
 redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1], 'i', id, 's', 1, 'x', now + life)
+if out[1] > 0 then
+  redis.call('HSET', KEYS[1], 'n', out[1], 't', now - out[2], 'f', out[3])
+end
 redis.call('PEXPIRE', KEYS[1], math.floor(life / 1000) + 1000)
 return out
