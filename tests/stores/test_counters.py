@@ -261,7 +261,8 @@ def test_a_sealed_counter_refuses_merges_and_the_next_trigger_opens_another(back
     assert take(backend, record_slow, t0 + timedelta(seconds=60)).dispatches == []
     row = row_values(h)
     assert (row["pending"], row["counter_until"]) == (2, None)
-    assert counter(backend, h) | {"x": ""} == {"i": str(sealed_id), "s": "1", "x": ""}
+    got = counter(backend, h)
+    assert (got["i"], got["s"], got["n"]) == (str(sealed_id), "1", "1")  # the count kept
     # the sealed counter absorbs nothing: the trigger takes the row path, opening a new one
     trig(backend, record_slow, unique_tag, t0 + timedelta(seconds=60.5))
     row = row_values(h)
@@ -299,16 +300,21 @@ def test_open_refuses_past_its_expiry_and_below_a_tombstone(backend, unique_tag)
     assert counter(backend, h)["n"] == "1"
     got = seal(keys=[name], args=[100, 5 * US, now + 3])
     assert got == [1, 2, fp.encode()]  # one trigger, counted 2 us before the seal
-    assert counter(backend, h) == {"i": "100", "s": "1", "x": str(now + 3 + 5 * US)}
+    # the tombstone keeps what the seal read
+    tombstone = {"i": "100", "s": "1", "x": str(now + 3 + 5 * US)}
+    assert counter(backend, h) == tombstone | {"n": "1", "t": str(now + 1), "f": fp}
     assert 0 < backend.client.pttl(name) <= 5 * 1000 + 1000
-    assert seal(keys=[name], args=[100, 5 * US, now + 4]) == [0]  # sealed: nothing more
+    # a seal of the same id again (its step did not commit) reads the same trigger again
+    assert seal(keys=[name], args=[100, 5 * US, now + 4]) == [1, 3, fp.encode()]
+    assert seal(keys=[name], args=[101, 5 * US, now + 5]) == [0]  # a later id: nothing
+    assert counter(backend, h) == {"i": "101", "s": "1", "x": str(now + 5 + 5 * US)}
     # a late open of the sealed id (or an older one) changes nothing; a later id opens
-    assert opened(100, now + 10 * US) == 0
+    assert opened(101, now + 10 * US) == 0
     assert opened(50, now + 10 * US) == 0
     assert merge(keys=[name], args=[fp, now + 5])[0] == 0  # a tombstone absorbs nothing
     assert counter(backend, h)["s"] == "1"
-    assert opened(101, now + 10 * US) == 1
-    assert counter(backend, h)["i"] == "101" and "s" not in counter(backend, h)
+    assert opened(102, now + 10 * US) == 1
+    assert counter(backend, h)["i"] == "102" and "s" not in counter(backend, h)
 
 
 def test_a_late_open_finds_the_tombstone_of_its_counter(backend, unique_tag):
@@ -353,7 +359,7 @@ def test_seal_works_on_a_full_redis_and_leaves_a_tombstone(own_redis, unique_tag
         assert (row["pending"], row["triggers"]) == (3, 3)
         assert row["last_trigger_at"] == t0 + timedelta(seconds=2)
         got = counter(backend, h)
-        assert got["s"] == "1" and "n" not in got
+        assert (got["s"], got["n"]) == ("1", "1")  # a tombstone keeping what it read
         # a take at the due time needs no Redis write beyond a seal: the flight goes out
         taken = take(backend, record_slow, t0 + timedelta(seconds=63))
         assert [d.key_hash for d in taken.dispatches] == [h]
@@ -377,7 +383,8 @@ def test_a_take_seals_on_a_full_redis(own_redis, unique_tag):
         row = row_values(h)
         assert (row["pending"], row["counter_until"]) == (2, None)
         assert row["due_at"] == t0 + timedelta(seconds=61)
-        assert counter(backend, h) | {"x": ""} == {"i": str(ident), "s": "1", "x": ""}
+        got = counter(backend, h)
+        assert (got["i"], got["s"], got["n"]) == (str(ident), "1", "1")
     finally:
         client.config_set("maxmemory", "0")
 

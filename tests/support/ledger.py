@@ -487,7 +487,7 @@ class Driver:
         if self.counters is None or not self.fake:
             return
         counter = self.counters(self.backend.counter_key(key.hash))
-        if not counter or b"f" not in counter:
+        if not counter or b"s" in counter:
             return  # none, or a tombstone
         redis_now = self.now + self.redis_offset
         x = int(counter[b"x"])
