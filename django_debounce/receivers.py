@@ -117,7 +117,7 @@ class DebouncedReceiverTask(DebouncedTask):
                     f"got a {model._meta.label}."
                 )
 
-    def _resolve(self, args: tuple, kwargs: dict) -> tuple[str, Any, str | None]:
+    def _resolve(self, args: tuple, kwargs: dict) -> tuple[str, Any, str]:
         """``trigger(instance)`` or ``trigger(Model, pk)``: key ``app_label.model:pk``
         (collect mode: the item ``{"model", "pk"}`` under the key ``app_label.model``)."""
         return self._resolved(self._payload_of(args, kwargs))
@@ -255,9 +255,7 @@ class DebouncedReceiverTask(DebouncedTask):
             return f"{payload['sender'] or 'signal'}"
         return f"{payload['model']}:{payload['pk']}"
 
-    def before_send(
-        self, resolved: list[tuple[str, Any, str | None]]
-    ) -> list[tuple[str, Any, str | None]]:
+    def before_send(self, resolved: list[tuple[str, Any, str]]) -> list[tuple[str, Any, str]]:
         """With ``raw=True``, a raw save's trigger goes to the store as a real one (``raw``
         false) when an earlier trigger of its key in ``resolved``, or the key's pending
         flight, was a real save: a run is handed ``raw=True`` only if every trigger it

@@ -14,7 +14,8 @@ from collections.abc import Callable
 from functools import cached_property, partial
 from typing import Any, ClassVar
 
-from celery import Task
+from asgiref.sync import sync_to_async
+from celery import Task, signature
 from celery.exceptions import Retry
 from celery.utils.time import get_exponential_backoff_interval
 from django.core.exceptions import ImproperlyConfigured
@@ -145,16 +146,11 @@ class DebouncedTask(Task):
         cached = self.__dict__.get("_flight_options_cache")
         if cached is not None and cached[0] == (conf.generation, self.time_limit):
             return cached[1]  # type: ignore[no-any-return]
-        options = self._flight_options()
-        self.__dict__["_flight_options_cache"] = ((conf.generation, self.time_limit), options)
-        return options
-
-    def _flight_options(self) -> FlightOptions:
         wait = self.wait
         max_wait = self.debounce_max_wait
         if max_wait is not None and max_wait < wait:
             max_wait = wait
-        return FlightOptions(
+        options = FlightOptions(
             wait=wait,
             max_wait=max_wait,
             leading=self.debounce_leading,
@@ -164,6 +160,8 @@ class DebouncedTask(Task):
             collect_bytes=int(conf.get("MAX_BATCH_PAYLOAD")) if self.debounce_collect else None,
             lease=self.lease,
         )
+        self.__dict__["_flight_options_cache"] = ((conf.generation, self.time_limit), options)
+        return options
 
     def get_backend(self) -> BaseBackend:
         """The store of this task's keys (``backend=`` of the decorator or ``DEBOUNCE_BACKEND``)."""
@@ -188,7 +186,7 @@ class DebouncedTask(Task):
         key, payload, _encoded = self._resolve(args, kwargs)
         return key, payload
 
-    def _resolve(self, args: tuple, kwargs: dict) -> tuple[str, Any, str | None]:
+    def _resolve(self, args: tuple, kwargs: dict) -> tuple[str, Any, str]:
         """``resolve`` plus the payload's canonical JSON, encoded once per trigger."""
         if self.debounce_collect:
             return self._resolve_item(args, kwargs)
@@ -214,7 +212,7 @@ class DebouncedTask(Task):
             ) from None
         return self._checked_key(key), payload, stored
 
-    def _resolve_item(self, args: tuple, kwargs: dict) -> tuple[str, Any, str | None]:
+    def _resolve_item(self, args: tuple, kwargs: dict) -> tuple[str, Any, str]:
         """Collect mode: ``trigger(item)`` takes one JSON value; the key is the task name, or
         ``key(item)``."""
         if len(args) != 1 or kwargs:
@@ -290,8 +288,6 @@ class DebouncedTask(Task):
         ``asave()`` is to ``save()``: the trigger runs in a thread (``sync_to_async``, thread
         sensitive, so a transaction of the request's thread defers it as ``trigger()``
         would). Same arguments, result and errors as ``trigger()``."""
-        from asgiref.sync import sync_to_async
-
         return await sync_to_async(self._trigger_sync, thread_sensitive=True)(*args, **kwargs)
 
     def _trigger_sync(self, *args: Any, **kwargs: Any) -> TriggerResult:
@@ -314,8 +310,6 @@ class DebouncedTask(Task):
 
     async def astatus(self, *args: Any, **kwargs: Any) -> KeyStatus | None:
         """``status()`` for async code (runs in a thread, as ``atrigger()``)."""
-        from asgiref.sync import sync_to_async
-
         return await sync_to_async(self._status, thread_sensitive=True)(args, kwargs)
 
     def _status(self, args: tuple, kwargs: dict) -> KeyStatus | None:
@@ -357,8 +351,6 @@ class DebouncedTask(Task):
         plain, undebounced runs. It calls the registered task ``django_debounce.trigger``
         (which triggers only registered debounced tasks, by name), and is immutable (a chain
         does not pass it the previous result)."""
-        from celery import signature
-
         return signature(
             "django_debounce.trigger",
             args=(self.name, list(args), dict(kwargs)),
@@ -377,50 +369,48 @@ class DebouncedTask(Task):
         payload: Any,
         *,
         using: str | None = None,
-        payload_json: str | None = None,
+        payload_json: str,
         options: FlightOptions | None = None,
     ) -> TriggerResult:
-        """Count one trigger for an already resolved ``key`` and JSON ``payload``.
-
-        ``using`` is the database alias whose transaction defers the trigger (``None``: see
-        ``deferring_alias``).
-        """
-        if not conf.get("ENABLED"):
-            return TriggerResult(key, None, None, None, scheduled=False)
-        alias = self._deferring(using)
-        if alias is not None:
-            _defer(alias, self, [(key, payload, payload_json)], options)
-            return TriggerResult(key, None, None, None, scheduled=False, deferred=True)
-        result = self._trigger_now(key, payload, payload_json, options=options)
-        observe.triggered(self, result)
-        return result
-
-    def _deferring(self, using: str | None) -> str | None:
-        """The database whose open transaction this task's trigger waits for (``None``:
-        it counts now): ``deferring_alias(using)`` unless ``on_commit`` is off."""
-        on_commit = self.debounce_on_commit
-        if on_commit is None:
-            on_commit = bool(conf.get("ON_COMMIT"))
-        return deferring_alias(using) if on_commit else None
-
-    def _trigger_now(
-        self,
-        key: str,
-        payload: Any,
-        payload_json: str | None = None,
-        *,
-        options: FlightOptions | None = None,
-    ) -> TriggerResult:
+        """Count one trigger for an already resolved ``key``, JSON ``payload`` and its stored
+        JSON ``payload_json``; ``using``: the database whose transaction defers it (``None``:
+        see ``deferring_alias``)."""
+        resolved = [(key, payload, payload_json)]
+        held = self._held(resolved, using, options)
+        if held is not None:
+            return held[0]
         backend = self.get_backend()
-        ((key, payload, payload_json),) = self.before_send([(key, payload, payload_json)])
+        ((key, payload, payload_json),) = self.before_send(resolved)
         result, dispatch = backend.trigger(
             task_name=self.name,
             key=key,
             key_hash=key_hash(self.name, key),
-            payload_json=payload_json if payload_json is not None else dumps(payload),
+            payload_json=payload_json,
             options=options or self.flight_options(),
         )
-        return self._published(backend, result, dispatch)
+        result = self._published(backend, result, dispatch)
+        observe.triggered(self, result)
+        return result
+
+    def _held(
+        self, resolved: list[tuple[str, Any, str]], using: str | None, options: FlightOptions | None
+    ) -> list[TriggerResult] | None:
+        """The results of triggers that do not count now: none counts with
+        ``DEBOUNCE_ENABLED`` off; with ``on_commit``, all wait for the commit of
+        ``deferring_alias(using)``'s open transaction. ``None``: they count now."""
+        if not conf.get("ENABLED"):
+            return [TriggerResult(key, None, None, None, scheduled=False) for key, _, _ in resolved]
+        on_commit = self.debounce_on_commit
+        if on_commit is None:
+            on_commit = bool(conf.get("ON_COMMIT"))
+        alias = deferring_alias(using) if on_commit else None
+        if alias is None:
+            return None
+        _defer(alias, self, resolved, options)
+        return [
+            TriggerResult(key, None, None, None, scheduled=False, deferred=True)
+            for key, _, _ in resolved
+        ]
 
     def _published(
         self, backend: BaseBackend, result: TriggerResult, dispatch: Dispatch | None
@@ -432,36 +422,26 @@ class DebouncedTask(Task):
             return result
         return dataclasses.replace(result, scheduled=False, publish_failed=True)
 
-    def before_send(
-        self, resolved: list[tuple[str, Any, str | None]]
-    ) -> list[tuple[str, Any, str | None]]:
+    def before_send(self, resolved: list[tuple[str, Any, str]]) -> list[tuple[str, Any, str]]:
         """The triggers ``(key, payload, stored JSON)`` as they go to the store, in order (a
         receiver's raw saves, see ``DebouncedReceiverTask.before_send``)."""
         return resolved
 
     def trigger_resolved(
-        self, resolved: list[tuple[str, Any, str | None]], *, using: str | None = None
+        self, resolved: list[tuple[str, Any, str]], *, using: str | None = None
     ) -> list[TriggerResult]:
         """Count the triggers ``(key, payload, stored JSON)`` of ``resolved`` in batches (the
         ``trigger_many`` path); deferred to the commit of ``using``'s transaction when one
         is open, as ``trigger`` is."""
-        if not conf.get("ENABLED"):
-            return [TriggerResult(key, None, None, None, scheduled=False) for key, _, _ in resolved]
         if using is None and resolved:
             using = self.alias_of(resolved[0][1])
-        alias = self._deferring(using)
-        if alias is not None:
-            _defer(alias, self, resolved, None)
-            return [
-                TriggerResult(key, None, None, None, scheduled=False, deferred=True)
-                for key, _, _ in resolved
-            ]
-        return self._trigger_batch(resolved)
+        held = self._held(resolved, using, None)
+        return self._trigger_batch(resolved) if held is None else held
 
     BATCH = 1000
 
     def _trigger_batch(
-        self, resolved: list[tuple[str, Any, str | None]], options: FlightOptions | None = None
+        self, resolved: list[tuple[str, Any, str]], options: FlightOptions | None = None
     ) -> list[TriggerResult]:
         backend = self.get_backend()
         options = options or self.flight_options()
@@ -469,10 +449,7 @@ class DebouncedTask(Task):
         out: list[TriggerResult] = []
         for start in range(0, len(resolved), self.BATCH):
             chunk = resolved[start : start + self.BATCH]
-            items = [
-                (key, key_hash(self.name, key), stored if stored is not None else dumps(payload))
-                for key, payload, stored in chunk
-            ]
+            items = [(key, key_hash(self.name, key), stored) for key, _, stored in chunk]
             for result, dispatch in backend.trigger_many(
                 task_name=self.name, items=items, options=options
             ):
@@ -559,9 +536,8 @@ class DebouncedTask(Task):
 
     def _store_unavailable(self, message: dict[str, Any], exc: BaseException) -> None:
         """The store of a dispatch message is unreachable: deliver the same message again
-        a second later (at most ``STORE_RETRIES`` times), so an outage delays flights instead
-        of losing them; past that, the pump takes the flight again once
-        ``DEBOUNCE_DISPATCH_GRACE`` has passed."""
+        ``STORE_RETRY_DELAY`` later, at most ``STORE_RETRIES`` times (then the pump takes the
+        flight again after ``DEBOUNCE_DISPATCH_GRACE``)."""
         attempt = int(message.get("n", 0)) + 1
         if attempt > STORE_RETRIES:
             logger.error(
@@ -620,14 +596,6 @@ class DebouncedTask(Task):
             countdown = max((eta - dbtime.now()).total_seconds(), 0.0)
         raise _RetryRequested(exc, countdown, max_retries)
 
-    def _retries(self, exc: BaseException) -> bool:
-        """Whether a failure is retried: always after ``retry()`` (which Celery's
-        ``autoretry_for`` calls too); otherwise every exception, unless the task names
-        ``autoretry_for``, which then narrows retries to those exceptions as in Celery."""
-        if isinstance(exc, _RetryRequested):
-            return True
-        return not getattr(self, "autoretry_for", None)
-
     def retry_delay(self, attempt: int) -> float:
         """Seconds before retry number ``attempt + 1``, from the task's Celery options:
         ``retry_backoff`` (exponential, capped by ``retry_backoff_max``, with
@@ -645,10 +613,8 @@ class DebouncedTask(Task):
         return float(self.default_retry_delay or 0)
 
     def _call_body(self, args: list[Any], kwargs: dict[str, Any], attempt: int) -> Any:
-        """Run the body under a request that says "debounced run" (Celery's public
-        ``push_request``): ``request.retries`` is the attempt, as in a Celery retry, and
-        ``retry()`` knows not to re-send the task. In a worker, Celery's tracer has already
-        made this task the current one (``current_task``); ``bind=True`` gets ``self``."""
+        """Run the body under a request (``push_request``) that says "debounced run", with
+        ``request.retries`` the attempt, so ``retry()`` does not re-send the task."""
         self.push_request(args=args, kwargs=kwargs, retries=attempt, debounce_run=True)
         try:
             return self.run(*args, **kwargs)
@@ -709,14 +675,15 @@ class DebouncedTask(Task):
             with runtable.executing(claim.key_hash, seq, claim.key):
                 result = self._call_body(args, kwargs, claim.attempt)
         except Exception as exc:
-            countdown, cause = None, exc
+            # retried: every exception, unless the task names autoretry_for, which narrows
+            # retries to those (Celery's autoretry_for calls retry()), as in Celery
+            countdown, cause, retried = None, exc, not getattr(self, "autoretry_for", None)
             if isinstance(exc, _RetryRequested):
-                countdown = exc.countdown
+                countdown, cause, retried = exc.countdown, exc.exc or exc, True
                 if exc.max_retries is not None:
                     max_retries = exc.max_retries
-                cause = exc.exc or exc
             retry_in = None
-            if self._retries(exc) and (max_retries is None or claim.attempt < max_retries):
+            if retried and (max_retries is None or claim.attempt < max_retries):
                 retry_in = countdown if countdown is not None else self.retry_delay(claim.attempt)
                 retry_in = min(max(float(retry_in), 0.0), conf.MAX_SECONDS)
             error = "".join(traceback.format_exception_only(type(cause), cause)).strip()
@@ -838,7 +805,7 @@ _batches = threading.local()
 def _defer(
     alias: str,
     task: DebouncedTask,
-    resolved: list[tuple[str, Any, str | None]],
+    resolved: list[tuple[str, Any, str]],
     options: FlightOptions | None,
 ) -> None:
     """Count ``resolved`` when ``alias``'s transaction commits, in that commit's batch."""
