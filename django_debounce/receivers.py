@@ -80,9 +80,20 @@ def _check_receiver_key(name: str, key: Callable[..., str], collect: bool) -> No
 
 
 def _label(obj: Any) -> str | None:
+    """The ``app_label.model`` of a model class; ``None`` for anything else."""
     if isinstance(obj, type) and issubclass(obj, models.Model):
         return str(obj._meta.label_lower)  # type: ignore[attr-defined]
     return None
+
+
+def _write_alias(label: str | None) -> str | None:
+    """The database the model ``label`` writes to (``None``: no label, or no such model)."""
+    if not label:
+        return None
+    try:
+        return str(router.db_for_write(apps.get_model(label)))
+    except LookupError:
+        return None
 
 
 _NOTHING = object()
@@ -109,11 +120,11 @@ class DebouncedReceiverTask(DebouncedTask):
 
     def _check_model(self, model: Any) -> None:
         sender = self.debounce_sender
-        if isinstance(sender, type) and issubclass(sender, models.Model):
-            concrete = sender._meta.concrete_model  # type: ignore[attr-defined]
+        if _label(sender):
+            concrete = sender._meta.concrete_model
             if not issubclass(model, sender) and model._meta.concrete_model is not concrete:
                 raise TypeError(
-                    f"{self.name} receives {sender._meta.label} rows (sender=); "  # type: ignore[attr-defined]
+                    f"{self.name} receives {sender._meta.label} rows (sender=); "
                     f"got a {model._meta.label}."
                 )
 
@@ -140,13 +151,7 @@ class DebouncedReceiverTask(DebouncedTask):
     def alias_of(self, payload: Any) -> str | None:
         """The database the row's model writes to (``router.db_for_write``): a trigger made
         inside that database's transaction counts when it commits."""
-        label = payload.get("model") if isinstance(payload, dict) else None
-        if not label:
-            return None
-        try:
-            return str(router.db_for_write(apps.get_model(label)))
-        except LookupError:
-            return None
+        return _write_alias(payload.get("model") if isinstance(payload, dict) else None)
 
     def _default_label(self) -> str | None:
         return _label(self.debounce_sender)
@@ -199,11 +204,9 @@ class DebouncedReceiverTask(DebouncedTask):
         if signal is None or signal >= len(self.debounce_signals):
             return {}
         usual = dict(USUAL_KWARGS.get(self.debounce_signals[signal], {}))
-        if usual and model:
-            try:
-                usual["using"] = router.db_for_write(apps.get_model(model))
-            except LookupError:
-                pass
+        alias = _write_alias(model) if usual else None
+        if alias is not None:
+            usual["using"] = alias
         return usual
 
     def _payload_of(self, args: tuple, kwargs: dict) -> dict[str, Any]:
@@ -245,10 +248,7 @@ class DebouncedReceiverTask(DebouncedTask):
         """The key of a trigger: ``key(**payload)``, else ``app_label.model:pk`` (collect
         mode: ``app_label.model``)."""
         if self.debounce_key is not None:
-            key = self.debounce_key(**payload)
-            if not isinstance(key, str):
-                raise TypeError(f"key= of {self.name} must return a str, got {key!r}.")
-            return key
+            return self._checked_key(self.debounce_key(**payload))
         if self.debounce_collect:
             return str(payload["model"] or payload.get("sender") or "signal")
         if payload["model"] is None:
@@ -313,8 +313,9 @@ def _raw(payload: Any) -> bool:
     return bool(isinstance(payload, dict) and (payload.get("kwargs") or {}).get("raw"))
 
 
-def _receiver_body(task_name_holder: list[Any]) -> Callable[..., Any]:
+def _receiver_body() -> Callable[..., Any]:
     def body(
+        task: Any,
         model: str | None,
         pk: Any,
         sender: str | None,
@@ -323,7 +324,6 @@ def _receiver_body(task_name_holder: list[Any]) -> Callable[..., Any]:
         *,
         debounce: RunInfo,
     ) -> Any:
-        task = task_name_holder[0]
         handler = task.debounce_handler
         sig = task.debounce_signals[signal] if signal is not None else None
         model_cls = apps.get_model(model) if model else None
@@ -343,9 +343,8 @@ def _receiver_body(task_name_holder: list[Any]) -> Callable[..., Any]:
     return body
 
 
-def _collect_body(task_holder: list[Any]) -> Callable[..., Any]:
-    def body(items: list[dict[str, Any]], *, debounce: RunInfo) -> Any:
-        task = task_holder[0]
+def _collect_body() -> Callable[..., Any]:
+    def body(task: Any, items: list[dict[str, Any]], *, debounce: RunInfo) -> Any:
         pks = [apps.get_model(item["model"])._meta.pk.to_python(item["pk"]) for item in items]
         by_model: dict[str, list[Any]] = {}
         for item in items:
@@ -360,7 +359,7 @@ def _collect_body(task_holder: list[Any]) -> Callable[..., Any]:
             found[(i["model"], str(i["pk"]))] for i in items if (i["model"], str(i["pk"])) in found
         ]
         sender = task.debounce_sender
-        if not (isinstance(sender, type) and issubclass(sender, models.Model)):
+        if not _label(sender):
             sender = apps.get_model(items[0]["model"]) if items else None
         signals = task.debounce_signals
         return task.debounce_handler(
@@ -453,13 +452,13 @@ def debounced_receiver(
         name = celery_options.pop("name", f"{handler.__module__}.{handler.__qualname__}")
         if key is not None:
             _check_receiver_key(name, key, collect)
-        holder: list[Any] = []
-        body = _collect_body(holder) if collect else _receiver_body(holder)
+        body = _collect_body() if collect else _receiver_body()
         for attr in ("__name__", "__qualname__", "__module__", "__doc__"):
             setattr(body, attr, getattr(handler, attr))
         task = shared_task(
             base=base,
             name=name,
+            bind=True,
             **debounce.task_attributes(),
             debounce_signals=signals,
             debounce_call_missing=call_missing,
@@ -468,7 +467,6 @@ def debounced_receiver(
             debounce_sender=sender,
             **celery_options,
         )(body)
-        holder.append(task)
 
         def on_signal(signal: Signal, sender: Any, **kwargs: Any) -> None:
             if getattr(getattr(sender, "_meta", None), "app_label", None) == "django_debounce":
