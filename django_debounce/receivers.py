@@ -265,7 +265,7 @@ class DebouncedReceiverTask(DebouncedTask):
         raw = {key: key_hash(self.name, key) for key, p, _ in resolved if _raw(p)}
         if not raw:
             return resolved
-        from django_debounce.models import DebounceKey  # see DebouncedTask._status
+        from django_debounce.models import DebounceKey  # see DebouncedTask.status
 
         real = {
             hashed

@@ -281,21 +281,18 @@ class DebouncedTask(Task):
         flight waits in the store's due index until a pump publishes it (invariant I8); it
         raises only when no store can record it.
         """
-        return self._trigger_sync(*args, **kwargs)
+        options = trigger_options(kwargs, self.flight_options)
+        key, payload, encoded = self._resolve(args, kwargs)
+        return self.trigger_payload(
+            key, payload, using=self.alias_of(payload), payload_json=encoded, options=options
+        )
 
     async def atrigger(self, *args: Any, **kwargs: Any) -> TriggerResult:
         """``trigger()`` for async code (an ``async def`` view, an ASGI app), as Django's
         ``asave()`` is to ``save()``: the trigger runs in a thread (``sync_to_async``, thread
         sensitive, so a transaction of the request's thread defers it as ``trigger()``
         would). Same arguments, result and errors as ``trigger()``."""
-        return await sync_to_async(self._trigger_sync, thread_sensitive=True)(*args, **kwargs)
-
-    def _trigger_sync(self, *args: Any, **kwargs: Any) -> TriggerResult:
-        options = trigger_options(kwargs, self.flight_options)
-        key, payload, encoded = self._resolve(args, kwargs)
-        return self.trigger_payload(
-            key, payload, using=self.alias_of(payload), payload_json=encoded, options=options
-        )
+        return await sync_to_async(self.trigger, thread_sensitive=True)(*args, **kwargs)
 
     @async_unsafe(
         "status() was called from async code (a running event loop): use "
@@ -306,13 +303,6 @@ class DebouncedTask(Task):
         live run, last run and outcome, totals), without triggering it; ``None`` when the key
         is unknown (never triggered, or purged). Arguments as ``trigger()``'s. Live values
         come from Redis for keys the Redis store holds."""
-        return self._status(args, kwargs)
-
-    async def astatus(self, *args: Any, **kwargs: Any) -> KeyStatus | None:
-        """``status()`` for async code (runs in a thread, as ``atrigger()``)."""
-        return await sync_to_async(self._status, thread_sensitive=True)(args, kwargs)
-
-    def _status(self, args: tuple, kwargs: dict) -> KeyStatus | None:
         # Here, not at the top: a module that declares a @debounced_task may be imported
         # before Django's app registry is ready, and this module imports no model.
         from django_debounce.models import DebounceKey
@@ -344,6 +334,10 @@ class DebouncedTask(Task):
             last_outcome=str(merged.get("last_outcome") or ""),
             **{name: int(merged.get(name) or 0) for name in counts},
         )
+
+    async def astatus(self, *args: Any, **kwargs: Any) -> KeyStatus | None:
+        """``status()`` for async code (runs in a thread, as ``atrigger()``)."""
+        return await sync_to_async(self.status, thread_sensitive=True)(*args, **kwargs)
 
     def trigger_s(self, *args: Any, **kwargs: Any) -> Any:
         """A Celery signature that triggers this task with these arguments when it runs: for
