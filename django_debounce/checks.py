@@ -1,7 +1,5 @@
-"""System checks: ``django_debounce.E001`` (backend path), ``E002`` (a setting of the wrong
-kind), ``W001`` (cache without atomic scripts), ``W002`` (SQLite without an immediate
-transaction mode), ``W003`` (an unknown ``DEBOUNCE_`` setting, likely misspelt), ``W004``
-(the auto store's cache alias is not in ``CACHES``)."""
+"""The system checks ``django_debounce.E001``-``E002`` and ``W001``-``W004`` (the list:
+docs/operations.md)."""
 
 from __future__ import annotations
 
@@ -20,16 +18,15 @@ from django_debounce.backends import backend_class, backend_path
 def check_backend(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """E001 when ``DEBOUNCE_BACKEND`` cannot be imported; W001 when the redis backend is set
     on a cache alias that is not django-redis."""
-    errors: list[checks.CheckMessage] = []
     value = conf.get("BACKEND")
     try:
         backend_class(backend_path(value))
     except ImproperlyConfigured as exc:
         return [checks.Error(str(exc), id="django_debounce.E001")]
+    if conf.get("REDIS_URL") or conf.get("REDIS_CLUSTER"):
+        return []  # the Redis store has a client of its own: the cache alias is not used
     alias = conf.get("CACHE_ALIAS")
-    own_client = bool(conf.get("REDIS_URL") or conf.get("REDIS_CLUSTER"))
-    if own_client:
-        return errors  # the Redis store has a client of its own: the cache alias is not used
+    errors: list[checks.CheckMessage] = []
     if value == "auto" and isinstance(alias, str) and alias not in settings.CACHES:
         errors.append(
             checks.Warning(

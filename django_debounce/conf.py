@@ -1,8 +1,5 @@
-"""Settings of django-debounce, read when used so ``override_settings`` works.
-
-Every setting is flat and carries the ``DEBOUNCE_`` prefix (docs/design.md, "Public API";
-every setting is described in docs/settings.md).
-"""
+"""The ``DEBOUNCE_`` settings (docs/settings.md), read when used so ``override_settings``
+works."""
 
 from __future__ import annotations
 
@@ -24,26 +21,14 @@ DEFAULTS: dict[str, Any] = {
     "ON_COMMIT": True,
     "ENABLED": True,
     "ADMIN_ENABLED": True,
-    # The Redis store's own client (instead of the cache alias's): a redis:// URL, or a list
-    # of "host:port" startup nodes of a Redis Cluster.
     "REDIS_URL": None,
     "REDIS_CLUSTER": None,
-    # Prefix of every Redis key of the Redis store (two deployments may share one Redis).
     "REDIS_PREFIX": "debounce",
-    # Seconds a dispatch message may wait unclaimed before the pump takes its flight again
-    # (with the same sequence number: a duplicate, never a second run).
     "DISPATCH_GRACE": 60,
-    # The pump: every worker runs one in its main process (False: this worker runs none;
-    # `manage.py debounce_pump` runs one on its own).
     "PUMP": True,
-    # Longest sleep of a pump between two looks at the due index, in seconds; a flight due
-    # within it of the step that makes it due is published at once with a countdown.
     "PUMP_INTERVAL": 1.0,
-    # Entries one take of the pump handles at most.
     "PUMP_BATCH": 500,
-    # Messages published and not yet claimed per queue above which a pump waits.
     "PUMP_QUEUE_CAP": 1000,
-    # Bytes of JSON one trigger may store (its payload, or its item in collect mode).
     "MAX_PAYLOAD": 65536,
     "MAX_BATCH_PAYLOAD": 4194304,
 }

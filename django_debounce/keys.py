@@ -182,23 +182,20 @@ def _sha256(task_name: str, key: str) -> str:
 _remembered = functools.lru_cache(maxsize=4096)(_sha256)
 
 
-def payload_signature(func: Callable[..., Any]) -> inspect.Signature:
-    """The signature of ``func`` without the keyword-only ``debounce`` parameter."""
-    sig = inspect.signature(func)
-    params = [p for name, p in sig.parameters.items() if name != RESERVED_PARAMETER]
-    return sig.replace(parameters=params)
-
-
 class PayloadBinder:
-    """``bind_payload`` for one signature, with a fast path for the common call shape.
+    """Binds a trigger's arguments to the signature of ``func`` (without its keyword-only
+    ``debounce`` parameter), defaults applied: ``{"args": [...], "kwargs": {...}}``, so
+    ``f(1)`` and ``f(x=1)`` give the same payload (and so the same default key). Raises
+    ``TypeError`` as a call would.
 
     A body whose parameters are all positional-or-keyword, called with positional arguments
     only, binds without ``inspect`` (every trigger is a hot path).
     """
 
-    def __init__(self, sig: inspect.Signature) -> None:
-        self.sig = sig
-        params = list(sig.parameters.values())
+    def __init__(self, func: Callable[..., Any]) -> None:
+        sig = inspect.signature(func)
+        params = [p for name, p in sig.parameters.items() if name != RESERVED_PARAMETER]
+        self.sig = sig.replace(parameters=params)
         self.simple = all(p.kind is p.POSITIONAL_OR_KEYWORD for p in params)
         self.size = len(params)
         self.defaults = [p.default for p in params]
@@ -210,15 +207,6 @@ class PayloadBinder:
         n = len(args)
         if self.simple and not kwargs and self.required <= n <= self.size:
             return {"args": [*args, *self.defaults[n:]], "kwargs": {}}
-        return bind_payload(self.sig, args, kwargs)
-
-
-def bind_payload(sig: inspect.Signature, args: tuple, kwargs: dict) -> dict[str, Any]:
-    """Bind a trigger's arguments to the task signature, defaults applied.
-
-    Returns ``{"args": [...], "kwargs": {...}}`` so ``f(1)`` and ``f(x=1)`` give the same
-    payload (and so the same default key). Raises ``TypeError`` as a call would.
-    """
-    bound = sig.bind(*args, **kwargs)
-    bound.apply_defaults()
-    return {"args": list(bound.args), "kwargs": dict(bound.kwargs)}
+        bound = self.sig.bind(*args, **kwargs)
+        bound.apply_defaults()
+        return {"args": list(bound.args), "kwargs": dict(bound.kwargs)}

@@ -18,7 +18,7 @@ from django_debounce.state import FlightOptions
 
 DEFAULT_COLLECT_LIMIT = 1000  # items per run of a collecting task
 
-# Options Celery's task decorator accepts that are not attributes of ``celery.Task``: the
+# Options Celery's task decorator accepts besides the attributes of ``celery.Task``: the
 # decorator's own, and the routing and execution options Celery reads from a task's
 # attributes when it publishes (``celery.app.task.extract_exec_options``).
 CELERY_DECORATOR_OPTIONS = frozenset(
@@ -26,14 +26,11 @@ CELERY_DECORATOR_OPTIONS = frozenset(
         "queue",
         "routing_key",
         "exchange",
-        "priority",
-        "expires",
         "delivery_mode",
         "compression",
         "immediate",
         "mandatory",
         "base",
-        "bind",
         "shared",
         "filter",
         "lazy",
@@ -245,14 +242,7 @@ def check_celery_options(options: dict[str, Any], *, known: tuple[str, ...] = ()
             f"Unknown option {name!r}: it is neither a django-debounce option nor a Celery "
             f"task option.{hint}"
         )
-    check_expires(options.get("expires"))
-
-
-def check_expires(expires: Any) -> None:
-    """Refuse an ``expires`` that contradicts debouncing: a dispatch message may wait in its
-    queue up to ``DEBOUNCE_DISPATCH_GRACE`` seconds before the pump publishes it again, so a
-    shorter expiry would drop messages that are only slow (their flight would run a grace
-    later each time); an absolute time would expire every later message."""
+    expires = options.get("expires")
     if expires is None:
         return
     if not isinstance(expires, (int, float)) or isinstance(expires, bool):

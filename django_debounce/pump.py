@@ -63,10 +63,6 @@ class Pump:
 
     # -- one tick ---------------------------------------------------------------------------
 
-    def tasks(self) -> dict[str, Any]:
-        """Name -> task of the tasks this pump publishes (read at every tick)."""
-        return self._tasks if self._tasks is not None else registry.all_tasks()
-
     def tick(self) -> float:
         """Publish every flight due now (in batches); returns the seconds until the earliest
         entry left (at most ``DEBOUNCE_PUMP_INTERVAL``)."""
@@ -74,8 +70,7 @@ class Pump:
         interval = max(conf.seconds_of("PUMP_INTERVAL"), conf.MIN_INTERVAL)
         batch = int(conf.get("PUMP_BATCH"))
         sleep = interval
-        groups = registry.by_store(self.tasks())
-        for backend, tasks in groups.items():
+        for backend, tasks in registry.by_store(self._tasks).items():
             try:
                 sleep = min(sleep, self._pump(backend, tasks, batch))
             except Exception:

@@ -1,22 +1,9 @@
 """Django signals sent by django-debounce, for monitoring and auditing (docs/design.md,
 "Models, admin, commands and signals").
 
-Connect receivers as with any Django signal::
-
-    from django.dispatch import receiver
-    from django_debounce.signals import run_finished
-
-    @receiver(run_finished)
-    def report(sender, *, task_name, key, outcome, delay, **kwargs):
-        ...
-
-The ``sender`` is the debounced task (a ``DebouncedTask`` instance). ``debounced_task`` returns
-Celery's lazy proxy of it, so to listen to one task compare ``task_name`` in the receiver, or
-connect with ``sender=rebuild_index._get_current_object()``. Every signal passes its
-arguments as keywords; accept ``**kwargs`` so new ones can be added.
-
-Signals are sent with ``send_robust``: a receiver that raises is logged (``django_debounce``
-logger, level ERROR) and never breaks a trigger or the bookkeeping of a run.
+The ``sender`` is the debounced task; every argument is a keyword (accept ``**kwargs``).
+Signals are sent with ``send_robust``: a receiver that raises is logged and never breaks a
+trigger or a run. Connecting one: docs/guide/integration.md, "Signals".
 
 ``trigger_received`` is sent in the process that triggers (web, shell), after the trigger is
 counted (for a trigger made inside a transaction: after the commit):

@@ -45,7 +45,6 @@ from django_debounce.keys import (
     check_text,
     dumps,
     key_hash,
-    payload_signature,
 )
 from django_debounce.options import DEFAULT_COLLECT_LIMIT, trigger_options
 from django_debounce.state import (
@@ -169,7 +168,7 @@ class DebouncedTask(Task):
 
     @cached_property
     def _binder(self) -> PayloadBinder:
-        return PayloadBinder(payload_signature(self.run))
+        return PayloadBinder(self.run)
 
     @cached_property
     def _wants_runinfo(self) -> bool:
