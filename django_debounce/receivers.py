@@ -46,24 +46,6 @@ def _pk(value: Any) -> Any:
     return value if isinstance(value, (int, str)) else str(value)
 
 
-def _checked_pk(task_name: str, model: Any, pk: Any) -> Any:
-    """``pk`` as the payload stores it, refused at trigger time when it cannot name a row of
-    ``model`` (an unsaved instance, ``None``, a value of the wrong type)."""
-    if pk is None:
-        raise TypeError(
-            f"{task_name}.trigger() needs a saved row: the {model._meta.label} has no primary "
-            "key yet (save it first, or trigger from post_save)."
-        )
-    try:
-        model._meta.pk.to_python(pk)
-    except ValidationError as exc:
-        raise TypeError(
-            f"{task_name}.trigger() got {pk!r}, which is not a primary key of "
-            f"{model._meta.label}: {'; '.join(exc.messages)}"
-        ) from None
-    return _pk(pk)
-
-
 def _check_receiver_key(name: str, key: Callable[..., str], collect: bool) -> None:
     """A receiver's ``key=`` is called with the payload's fields as keywords; check that its
     signature takes them at decoration time, not in the middle of a user's ``save()``."""
@@ -118,7 +100,20 @@ class DebouncedReceiverTask(DebouncedTask):
     debounce_handler: Callable[..., Any] | None = None
     debounce_sender: Any = None
 
-    def _check_model(self, model: Any) -> None:
+    def _resolve(self, args: tuple, kwargs: dict) -> tuple[str, Any, str]:
+        """``trigger(instance)`` or ``trigger(Model, pk)``: key ``app_label.model:pk``
+        (collect mode: the item ``{"model", "pk"}`` under the key ``app_label.model``).
+        Raises ``TypeError`` for other arguments, a row of a model other than ``sender=``'s,
+        and a primary key that cannot name a row (``None``: an unsaved instance)."""
+        if len(args) == 1 and not kwargs and isinstance(args[0], models.Model):
+            model, pk = type(args[0]), args[0].pk
+        elif len(args) == 2 and not kwargs and _label(args[0]):
+            model, pk = args
+        else:
+            raise TypeError(
+                f"{self.name}.trigger() takes a model instance, or a model class and a primary "
+                f"key; got args={args!r} kwargs={kwargs!r}."
+            )
         sender = self.debounce_sender
         if _label(sender):
             concrete = sender._meta.concrete_model
@@ -127,11 +122,27 @@ class DebouncedReceiverTask(DebouncedTask):
                     f"{self.name} receives {sender._meta.label} rows (sender=); "
                     f"got a {model._meta.label}."
                 )
-
-    def _resolve(self, args: tuple, kwargs: dict) -> tuple[str, Any, str]:
-        """``trigger(instance)`` or ``trigger(Model, pk)``: key ``app_label.model:pk``
-        (collect mode: the item ``{"model", "pk"}`` under the key ``app_label.model``)."""
-        return self._resolved(self._payload_of(args, kwargs))
+        if pk is None:
+            raise TypeError(
+                f"{self.name}.trigger() needs a saved row: the {model._meta.label} has no "
+                "primary key yet (save it first, or trigger from post_save)."
+            )
+        try:
+            model._meta.pk.to_python(pk)
+        except ValidationError as exc:
+            raise TypeError(
+                f"{self.name}.trigger() got {pk!r}, which is not a primary key of "
+                f"{model._meta.label}: {'; '.join(exc.messages)}"
+            ) from None
+        return self._resolved(
+            {
+                "model": _label(model),
+                "pk": _pk(pk),
+                "sender": None,
+                "signal": None,
+                "kwargs": {},
+            }
+        )
 
     def _resolved(self, payload: dict[str, Any]) -> tuple[str, Any, str]:
         """``(key, payload, stored JSON)`` of a row payload (collect mode: of its item
@@ -208,27 +219,6 @@ class DebouncedReceiverTask(DebouncedTask):
         if alias is not None:
             usual["using"] = alias
         return usual
-
-    def _payload_of(self, args: tuple, kwargs: dict) -> dict[str, Any]:
-        """The row payload of ``trigger(instance)`` or ``trigger(Model, pk)`` (no key: in
-        collect mode the key is computed from the item, with ``key=``'s collect signature)."""
-        if len(args) == 1 and not kwargs and isinstance(args[0], models.Model):
-            model, pk = type(args[0]), args[0].pk
-        elif len(args) == 2 and not kwargs and _label(args[0]):
-            model, pk = args
-        else:
-            raise TypeError(
-                f"{self.name}.trigger() takes a model instance, or a model class and a primary "
-                f"key; got args={args!r} kwargs={kwargs!r}."
-            )
-        self._check_model(model)
-        return {
-            "model": _label(model),
-            "pk": _checked_pk(self.name, model, pk),
-            "sender": None,
-            "signal": None,
-            "kwargs": {},
-        }
 
     def call_arguments(self, payload: Any) -> tuple[list[Any], dict[str, Any]]:
         """The receiver body takes the payload's fields as keywords (collect mode: the list

@@ -182,8 +182,7 @@ class DebouncedTask(Task):
         Raises ``TypeError`` when the arguments do not fit the task's signature, when the
         payload is not JSON-serialisable, or when ``key=`` does not return a string.
         """
-        key, payload, _encoded = self._resolve(args, kwargs)
-        return key, payload
+        return self._resolve(args, kwargs)[:2]
 
     def _resolve(self, args: tuple, kwargs: dict) -> tuple[str, Any, str]:
         """``resolve`` plus the payload's canonical JSON, encoded once per trigger."""
@@ -492,8 +491,7 @@ class DebouncedTask(Task):
         with the default key (the task name) no arguments are needed."""
         if self.debounce_collect and self.debounce_key is None and not args and not kwargs:
             return self.name
-        key, _payload = self.resolve(args, kwargs)
-        return key
+        return self._resolve(args, kwargs)[0]
 
     # -- worker side ----------------------------------------------------------------------
 
@@ -702,27 +700,14 @@ class DebouncedTask(Task):
         observe.run_finished(self, claim, started, observe.SUCCESS)
         return result
 
-    def _finish(
-        self,
-        backend: BaseBackend,
-        claim: Claim,
-        *,
-        ok: bool,
-        error: str = "",
-        retry_in: float | None = None,
-        give_up: bool = False,
-    ) -> None:
+    def _finish(self, backend: BaseBackend, claim: Claim, **finish: Any) -> None:
+        """Record the end of ``claim``'s run (``finish``: the fields of ``Finish``) and
+        publish the follow-up flight the store answers with."""
         try:
             follow = backend.finish(
                 claim.key_hash,
                 claim.run_id,
-                Finish(
-                    ok=ok,
-                    error=error,
-                    retry_in=retry_in,
-                    give_up=give_up,
-                    started_at=claim.started_at,
-                ),
+                Finish(started_at=claim.started_at, **finish),
                 task_name=self.name,
                 options=self.flight_options(),
             )

@@ -21,9 +21,8 @@ TERMINABLE_POOLS = ("prefork", "processes")
 
 def pool_name(worker: Any) -> str:
     """The name of a worker's pool class (``prefork``, ``threads``, ``solo``, ...)."""
-    cls = worker.pool_cls if not isinstance(worker.pool_cls, str) else None
-    name = worker.pool_cls if cls is None else cls.__module__
-    return str(name).rsplit(".", 1)[-1]
+    pool = worker.pool_cls
+    return str(pool if isinstance(pool, str) else pool.__module__).rsplit(".", 1)[-1]
 
 
 class DebounceStep(bootsteps.StartStopStep):
