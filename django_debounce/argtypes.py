@@ -1,7 +1,5 @@
-"""The argument types a payload carries beyond JSON: those of Django's ``DjangoJSONEncoder``,
-each in one canonical form so that one value is one key (docs/guide/integration.md,
-"Payloads"), stored in the envelope of Celery's JSON serializer
-(``{"__type__": name, "__value__": text}``) and decoded back for the body."""
+"""The argument types a payload carries beyond JSON (docs/guide/integration.md, "Payloads"),
+in the envelope of Celery's JSON serializer (``{"__type__": name, "__value__": text}``)."""
 
 from __future__ import annotations
 

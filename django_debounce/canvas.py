@@ -1,7 +1,5 @@
-"""``django_debounce.trigger``: a registered Celery task that triggers a debounced task by name,
-for what can only name a task: a beat schedule, ``send_task``, a ``chain`` or a ``group``
-(docs/guide/integration.md, "Beat, send_task and canvas"; ``task.trigger_s()`` builds its
-signature). Only registered debounced task names are triggered."""
+"""``django_debounce.trigger``: a Celery task that triggers a registered debounced task by
+name (docs/guide/integration.md, "Beat, send_task and canvas")."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """The public decorators: ``debounced_task``, ``debounced_receiver`` (defined in
-``receivers``) and ``trigger_many``. Their options are declared once, in
-``django_debounce.options.DebounceOptions``."""
+``receivers``) and ``trigger_many``."""
 
 from __future__ import annotations
 

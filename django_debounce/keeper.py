@@ -5,7 +5,6 @@ stops a run whose lease cannot be renewed or was lost (docs/design.md, "Dispatch
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections import defaultdict
 from dataclasses import dataclass
@@ -13,8 +12,8 @@ from typing import Any
 
 from django_debounce import registry, runtable
 from django_debounce.backends.base import LiveRun
-from django_debounce.dbconn import closing, thread_tick
 from django_debounce.dispatch import DISPATCH_KWARG, parse_message
+from django_debounce.pump import Ticker
 
 logger = logging.getLogger("django_debounce")
 
@@ -38,14 +37,15 @@ class _Tracked:
     extend_at: float = 0.0  # when its lease is extended next (0: at the next look)
 
 
-class LeaseKeeper:
+class LeaseKeeper(Ticker):
     """Extends the leases of the live debounced runs of one worker (``pool``: the worker's
     pool, used to terminate a run whose lease cannot be renewed)."""
 
+    NAME = "lease keeper"
+
     def __init__(self, pool: Any = None) -> None:
+        super().__init__()
         self.pool = pool
-        self._stop = threading.Event()
-        self.thread: threading.Thread | None = None
         self.tracked: dict[str, _Tracked] = {}
         self.unstoppable: set[str] = set()  # requests it could not stop (logged once each)
 
@@ -185,28 +185,6 @@ class LeaseKeeper:
             why,
         )
         self.tracked.pop(request.id, None)
-
-    def run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                with thread_tick():
-                    every = self.tick()
-            except Exception:
-                logger.exception("django_debounce: lease keeper tick failed")
-                every = 1.0
-            self._stop.wait(every)
-
-    def start(self) -> None:
-        self._stop.clear()
-        self.thread = threading.Thread(
-            target=closing(self.run), name="django-debounce lease keeper", daemon=True
-        )
-        self.thread.start()
-
-    def stop(self, timeout: float = 10.0) -> None:
-        self._stop.set()
-        if self.thread is not None:
-            self.thread.join(timeout=timeout)
 
 
 def _margin(tracked: _Tracked) -> float:

@@ -1,8 +1,6 @@
 """What the flow reports at a trigger counted, a run started and a run finished: Django
-signals (``signals.py``, sent robustly), log lines under the ``django_debounce`` logger
-(DEBUG per trigger, INFO per run, ERROR for a final failure or a receiver that raised), and
-Prometheus metrics when ``prometheus-client`` is installed (docs/guide/integration.md lists
-them, "Prometheus")."""
+signals, log lines and Prometheus metrics (docs/guide/integration.md, "Signals", "Logging",
+"Prometheus")."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""The pump: publishes the dispatch messages of flights that are due, from the store's due index,
-in a thread of each worker's main process (``worker.DebounceStep``) or on its own
-(``manage.py debounce_pump``). docs/design.md, "Dispatch at scale", says how it ticks, sleeps,
-shares the work with other pumps and keeps each queue under ``DEBOUNCE_PUMP_QUEUE_CAP``."""
+"""The pump: publishes the dispatch messages of due flights from the store's due index, in a
+worker's main process or ``manage.py debounce_pump`` (docs/design.md, "Dispatch at scale")."""
 
 from __future__ import annotations
 
@@ -48,18 +46,64 @@ def queue_of(task: Any) -> str | None:
         return None
 
 
-class Pump:
-    """One pump: ``tick()`` publishes what is due now and returns how long to sleep; ``run()``
-    loops until ``stop()``. ``tasks`` (name -> task) defaults to the registered debounced
-    tasks, read at every tick."""
+class Ticker:
+    """A thread of the worker's main process (the pump, the lease keeper): ``run()`` calls
+    ``tick()`` until ``stop()``, sleeping the seconds each tick returns, shortened by up to
+    ``JITTER`` of them (a second after a tick that raised)."""
+
+    NAME = ""
+    JITTER = 0.0
+
+    def __init__(self) -> None:
+        self._stop = threading.Event()
+        self.thread: threading.Thread | None = None
+
+    def tick(self) -> float:
+        raise NotImplementedError
+
+    def run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                with thread_tick():
+                    sleep = self.tick()
+            except Exception:  # a bad setting, a store down: log, wait, try again
+                logger.exception("django_debounce: %s tick failed", self.NAME)
+                sleep = 1.0
+            if sleep > 0:
+                self._stop.wait(sleep * (1 - random.random() * self.JITTER))
+            elif not self._stop.is_set():
+                time.sleep(0)  # yield the GIL between back-to-back ticks
+
+    def start(self) -> None:
+        """Run in a daemon thread of this process."""
+        self._stop.clear()
+        self.thread = threading.Thread(
+            target=closing(self.run), name=f"django-debounce {self.NAME}", daemon=True
+        )
+        self.thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop after the current tick."""
+        self._stop.set()
+        if self.thread is not None:
+            self.thread.join(timeout=timeout)
+
+
+class Pump(Ticker):
+    """One pump: ``tick()`` publishes what is due now and returns how long to sleep, always
+    shorter by up to 10% (never after the entry it sleeps for). ``tasks`` (name -> task)
+    defaults to the registered debounced tasks, read at every tick. A batch taken and not
+    published when it stops is taken again after ``DEBOUNCE_DISPATCH_GRACE``."""
+
+    NAME = "pump"
+    JITTER = 0.1
 
     def __init__(self, app: Any = None, tasks: dict[str, Any] | None = None) -> None:
+        super().__init__()
         self.app = app
         self._tasks = tasks
         self._seen = (stats.published, stats.again)
         self._drained: set[str | None] = set()  # queues given their quarter second
-        self._stop = threading.Event()
-        self.thread: threading.Thread | None = None
 
     # -- one tick ---------------------------------------------------------------------------
 
@@ -199,36 +243,3 @@ class Pump:
         except Exception:  # an empty Redis queue (no key), or a transport that cannot tell
             depth = 0
         return cap - depth
-
-    # -- the loop ---------------------------------------------------------------------------
-
-    def run(self) -> None:
-        """Tick until ``stop()``, sleeping between ticks (with up to 10% jitter, always
-        shorter: a pump never wakes after the entry it sleeps for, nor later than the
-        interval after its last peek)."""
-        while not self._stop.is_set():
-            try:
-                with thread_tick():
-                    sleep = self.tick()
-            except Exception:  # a bad setting, a store down: log, wait, try again
-                logger.exception("django_debounce: pump tick failed")
-                sleep = 1.0
-            if sleep > 0:
-                self._stop.wait(sleep * (1 - random.random() * 0.1))
-            elif not self._stop.is_set():
-                time.sleep(0)  # yield the GIL between back-to-back batches
-
-    def start(self) -> None:
-        """Run the pump in a daemon thread of this process."""
-        self._stop.clear()
-        self.thread = threading.Thread(
-            target=closing(self.run), name="django-debounce pump", daemon=True
-        )
-        self.thread.start()
-
-    def stop(self, timeout: float = 10.0) -> None:
-        """Stop after the current tick (a batch taken and not published is taken again after
-        ``DEBOUNCE_DISPATCH_GRACE``: nothing is lost)."""
-        self._stop.set()
-        if self.thread is not None:
-            self.thread.join(timeout=timeout)

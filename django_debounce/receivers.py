@@ -1,6 +1,5 @@
 """``@debounced_receiver``: a Django signal receiver whose handler runs in a Celery worker
-once per burst per row (docs/guide/integration.md, "Receivers"); its task's payload names the
-row, stored compactly (``pack``), and its body re-reads the row."""
+once per burst per row (docs/guide/integration.md, "Receivers")."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""The registered debounced tasks: the only reader of Celery's task list (``current_app.tasks``),
-read every time it is asked; a task is debounced when its class says so
-(``__debounced__``), so this module never imports ``tasks.py`` (docs/design.md, "Layers")."""
+"""The registered debounced tasks, read from ``current_app.tasks`` every time it is asked
+(docs/design.md, "Layers")."""
 
 from __future__ import annotations
 

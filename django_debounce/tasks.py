@@ -1,5 +1,5 @@
-"""The Celery task class: trigger -> fire -> claim -> run body -> finish; the stores decide
-(``backends/``), this layer does what they say."""
+"""The Celery task class: trigger -> fire -> claim -> run body -> finish, as the stores
+(``backends/``) decide."""
 
 from __future__ import annotations
 
@@ -726,11 +726,8 @@ class DebouncedTask(Task):
 
 def deferring_alias(using: str | None) -> str | None:
     """The database whose open transaction a trigger waits for (``None``: none is open, the
-    trigger counts at once). With ``using`` (a receiver's row lives there, or a signal's
-    ``using``), that database's; else the default database's, or, when the default has none
-    open, the first database in ``DATABASES`` order with a transaction open (a plain task's
-    trigger cannot know which database its body reads, so it waits for the one that is
-    writing)."""
+    trigger counts at once): ``using``'s when given; else the default database's, else the
+    first in ``DATABASES`` order with one open (docs/guide/integration.md, "Transactions")."""
     if using is not None:
         return using if connections[using].in_atomic_block else None
     if connections[DEFAULT_DB_ALIAS].in_atomic_block:
