@@ -113,18 +113,17 @@ def _cluster(value: Any) -> bool:
     return value is None or isinstance(value, str) or bool(nodes)
 
 
-def _switch(value: Any) -> bool:
-    return isinstance(value, bool)
-
-
-SWITCH = "True or False (a string such as 'false' counts as true)"
+SWITCH = (
+    lambda value: isinstance(value, bool),
+    "True or False (a string such as 'false' counts as true)",
+)
 
 # Every other setting: name -> (whether a value is of the right kind, what that kind is).
 KINDS: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "ON_COMMIT": (_switch, SWITCH),
-    "ENABLED": (_switch, SWITCH),
-    "ADMIN_ENABLED": (_switch, SWITCH),
-    "PUMP": (_switch, SWITCH),
+    "ON_COMMIT": SWITCH,
+    "ENABLED": SWITCH,
+    "ADMIN_ENABLED": SWITCH,
+    "PUMP": SWITCH,
     "MAX_PAYLOAD": (_count(1), "a positive int (bytes)"),
     "MAX_BATCH_PAYLOAD": (_count(1), "a positive int (bytes)"),
     "PUMP_BATCH": (_count(1), "a positive int (entries per take)"),

@@ -15,7 +15,7 @@ from django_debounce import conf, observe, registry
 from django_debounce.backends.base import BaseBackend
 from django_debounce.dbconn import closing, fork_pending, thread_tick
 from django_debounce.dispatch import publish
-from django_debounce.state import Dispatch, FlightOptions
+from django_debounce.state import Dispatch
 
 logger = logging.getLogger("django_debounce")
 
@@ -166,9 +166,7 @@ class Pump(Ticker):
         alone never fills a queue past the cap, and pumps that take for one queue at the same
         moment pass it by at most one batch each."""
         interval = conf.seconds_of("PUMP_INTERVAL")
-        options: dict[str, FlightOptions] = {
-            name: task.flight_options() for name, task in tasks.items()
-        }
+        options = registry.options(tasks)
         # a queue near its cap gets a quarter second to drain before a take smaller than a
         # quarter of the cap (or a batch): topping it up a few messages at a time would cost
         # a take and a depth read per few runs
