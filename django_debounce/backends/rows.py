@@ -577,9 +577,6 @@ class Rows:
             "created_at": self._prep("created_at", datetime.now(UTC)),
             "updated_at": self._prep("updated_at", to_dt(now)),
         }
-        values.update(
-            (c, self._prep(c, v)) for c, v in zip(NEW_COLUMNS[6:], NEW_DEFAULTS, strict=True)
-        )
         for attr, col in FIELDS.items():
             value = getattr(k, attr)
             values[col] = self._prep(col, to_dt(value) if attr in TIMES else value)
