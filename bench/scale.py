@@ -592,6 +592,7 @@ def probe_report(
 def pump_ticks(s: Scale, n: int = 30) -> dict[str, Any]:
     """``Pump().tick()`` in this process (every debounced task of the benchmark registered,
     nothing due): time per tick, Redis commands and SQL statements per tick."""
+    from django_debounce import registry
     from django_debounce.pump import Pump
 
     pump = Pump()
@@ -608,7 +609,7 @@ def pump_ticks(s: Scale, n: int = 30) -> dict[str, Any]:
     pg = Postgres.delta(p1, p0)
     return {
         "ticks": n,
-        "tasks": len(pump.tasks()),
+        "tasks": len(registry.all_tasks()),
         "median_ms": _r(statistics.median(samples) * 1e3, 2),
         "p90_ms": _r(_pct(samples, 0.9) * 1e3, 2),  # type: ignore[operator]
         "max_ms": _r(max(samples) * 1e3, 2),
