@@ -412,6 +412,9 @@ class Rows:
         if now is not None or not self.pg:
             at = self.clock(now)
             return self.lock(key_hash, cfg), at
+        if not self.joined:  # one statement per execute: the clock once the lock is held
+            record = self.lock(key_hash, cfg)
+            return record, self.clock(None)
         # the clock is read after the lock is held, in the same round trip
         self.read_at = time.monotonic()
         text = self._select(f"k.{q('key_hash')} = %s", lock=True)
