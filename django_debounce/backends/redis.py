@@ -296,8 +296,11 @@ class RedisBackend(DatabaseBackend):
         if not todo:
             return
         at = "" if rows.now_given is None else str(rows.now_given)
+        # a count kept for a step that fails to commit waits for its retry: the pump takes a
+        # flight whose message did not claim it again after DISPATCH_GRACE
+        keep = rows.retake + self.grace()
         calls = [
-            (self.counter_key(r.key_hash), [r.counter_id, max(r.counter_until - now, 0), at])  # type: ignore[operator]
+            (self.counter_key(r.key_hash), [r.counter_id, max(r.counter_until - now, 0), at, keep])  # type: ignore[operator]
             for r in todo
         ]
         replies = self._calls("seal", calls)

@@ -2,9 +2,10 @@
 -- Seal the counter of id ARGV[1] (or an older one) before a step decides on the flight
 -- (docs/design.md, fence 3): read what it counted and leave a tombstone of that id, which
 -- refuses merges and any late open of an id up to it, until ARGV[2] microseconds from now,
--- and gives the same count to a seal of the same id again (its first step rolled back).
+-- and gives the same count to a seal of the same id again (its first step rolled back): a
+-- tombstone that keeps a count lives at least ARGV[4] microseconds (until the step's retry).
 -- Flagged allow-oom: it works on a full Redis (it frees more than it writes).
--- KEYS[1] the counter; ARGV: id, tombstone life (us), now ("": TIME).
+-- KEYS[1] the counter; ARGV: id, tombstone life (us), now ("": TIME), kept count's life (us).
 -- Returns {count, age of the last counted trigger in us, fingerprint}; {0} when nothing
 -- was counted; {-1} when the key holds a later counter (nothing touched).
 local now = tonumber(ARGV[3])
@@ -30,6 +31,7 @@ redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1], 'i', id, 's', 1, 'x', now + life)
 if out[1] > 0 then
   redis.call('HSET', KEYS[1], 'n', out[1], 't', now - out[2], 'f', out[3])
+  life = math.max(life, tonumber(ARGV[4]) or 0)
 end
 redis.call('PEXPIRE', KEYS[1], math.floor(life / 1000) + 1000)
 return out
