@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from django.conf import settings
 from django.core.paginator import Paginator
 from django.db import OperationalError, connections, router
 from django.db.models import Aggregate, Case, Count, F, FloatField, Func, IntegerField, Q, Sum, When
@@ -233,9 +234,12 @@ class Bucket(Func):
 
     def as_sqlite(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, list[Any]]:
         sql, params = compiler.compile(self.source_expressions[0])
-        # Both times as stored (naive in TIME_ZONE without USE_TZ); never negative here.
-        days = f"CAST((julianday({sql}) - julianday(%s)) * 86400 / %s AS INTEGER)"
-        return days, [*params, adapt_time(connection.ops, self.origin), self.width]
+        # Without USE_TZ a stored time is naive in TIME_ZONE, which Django makes the process's
+        # zone (TZ): SQLite's 'utc' converts it, so a day across a DST change is 23 or 25 hours.
+        at = f"julianday({sql})" if settings.USE_TZ else f"julianday({sql}, 'utc')"
+        days = f"CAST(({at} - julianday(%s)) * 86400 / %s AS INTEGER)"  # never negative here
+        origin = self.origin.astimezone(UTC).replace(tzinfo=None).isoformat(" ")
+        return days, [*params, origin, self.width]
 
 
 def adapt_time(ops: Any, value: datetime) -> Any:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import html
 import re
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.contrib.admin.utils import display_for_field
@@ -119,3 +119,29 @@ def test_summary_period_and_chart_are_local_and_labelled(operator, eager, zone):
     # The run (started a second ahead) is counted in the last bucket of the next minute's day.
     later = summarize("24h", now=dbtime.now() + timedelta(minutes=1))
     assert later.totals.runs == later.totals.bucket_runs[-1] == 1
+
+
+def test_summary_buckets_across_a_daylight_saving_change(zone):
+    """New York's clocks went forward at 02:00 on 2025-03-09: the 24 hours before noon that
+    day are 25 hours of wall clock. A run half an hour before noon is in the last hourly
+    bucket under either ``USE_TZ`` (stored naive in ``TIME_ZONE`` without it)."""
+    noon = datetime(2025, 3, 9, 16, 0, tzinfo=UTC)  # 12:00 EDT, 21:30 in Kolkata
+    key = DebounceKey.objects.create(task_name=record.name, key="dst", key_hash="d" * 64)
+    for n, started in enumerate([noon - timedelta(minutes=30), noon - timedelta(hours=23.5)]):
+        DebounceRun.objects.create(
+            debounce_key=key,
+            task_name=record.name,
+            flight_id=n + 1,
+            run_id=n + 1,
+            triggers=1,
+            first_trigger_at=started,
+            last_trigger_at=started,
+            due_at=started,
+            started_at=started,
+            delay=0.0,
+            finished_at=started,
+            outcome="success",
+        )
+    summary = summarize("24h", now=noon)
+    assert summary.totals.runs == 2
+    assert summary.totals.bucket_runs[0] == summary.totals.bucket_runs[-1] == 1
