@@ -90,10 +90,11 @@ class Ticker:
 
 
 class Pump(Ticker):
-    """One pump: ``tick()`` publishes what is due now and returns how long to sleep, always
-    shorter by up to 10% (never after the entry it sleeps for). ``tasks`` (name -> task)
-    defaults to the registered debounced tasks, read at every tick. A batch taken and not
-    published when it stops is taken again after ``DEBOUNCE_DISPATCH_GRACE``."""
+    """One pump: ``tick()`` publishes what is due now and returns how long to sleep; its
+    thread sleeps that long, shorter by up to 10% (never past the entry it waits for).
+    ``tasks`` (name -> task) defaults to the registered debounced tasks, read at every tick.
+    A batch taken and not published when it stops is taken again after
+    ``DEBOUNCE_DISPATCH_GRACE``."""
 
     NAME = "pump"
     JITTER = 0.1

@@ -424,7 +424,7 @@ def debounced_receiver(
     debounce, celery_options = DebounceOptions.split(
         options, extra=("sender", "call_missing", "raw")
     )
-    if celery_options.get("bind"):
+    if celery_options.pop("bind", False):
         raise ImproperlyConfigured(
             "debounced_receiver does not take bind=True: its handler is called with keyword "
             "arguments only (sender, pk, instance, signal, debounce, ...)."

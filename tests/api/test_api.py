@@ -254,6 +254,24 @@ def test_receiver_key_with_the_wrong_signature_fails_at_decoration():
         )(lambda sender, **kw: None)
 
 
+def test_receiver_refuses_bind_true_and_takes_bind_false():
+    from django.db.models.signals import post_save
+
+    from django_debounce import debounced_receiver
+    from tests.testapp.models import OtherItem
+
+    def handler(sender, **kwargs):
+        return None
+
+    with pytest.raises(ImproperlyConfigured, match="does not take bind=True"):
+        debounced_receiver(post_save, sender=OtherItem, name="testapp.bound", bind=True)
+    task = debounced_receiver(post_save, sender=OtherItem, name="testapp.unbound", bind=False)(
+        handler
+    )
+    assert task.name == "testapp.unbound"
+    post_save.disconnect(dispatch_uid="django_debounce:testapp.unbound", sender=OtherItem)
+
+
 @debounced_task(wait=60, collect=True, name="testapp.plain_batch")
 def plain_batch(items):
     return items
