@@ -516,7 +516,11 @@ class KeyModel:
             self._reindex()
             return FireOut("wait")
         claim, follow = self._claim(now, seq)
-        self._reindex()
+        # an entry earlier than the key needs stays (a take moves an early entry): a claim of
+        # a flight whose message went out within DEBOUNCE_DISPATCH_GRACE writes no entry
+        needed = self._attention()
+        if self.entry is None or needed is None or needed < self.entry:
+            self.entry = needed
         return FireOut("claim", dispatch=follow, claim=claim)
 
     def run_claim(self) -> ClaimOut:
