@@ -73,13 +73,14 @@ def message_of(dispatch: Dispatch) -> dict[str, Any]:
     return {"k": dispatch.key_hash, "s": dispatch.seq, "v": VERSION}
 
 
-def publish(task: Task, dispatch: Dispatch, producer: Any = None) -> None:
+def publish(task: Task, dispatch: Dispatch, producer: Any = None, declared: bool = False) -> None:
     """Publish one dispatch message for ``task``, ``countdown`` seconds from now (never more
-    than the pump interval). Under ``task_always_eager`` nothing is published: the flight
-    stays pending until ``django_debounce.testing.run_due()`` or a flush. Raises what
-    Celery's ``apply_async`` raises when the broker refuses the message."""
-    if is_eager(task):
-        return
+    than the pump interval). The caller checks ``is_eager`` first: under
+    ``task_always_eager`` nothing is published, and the flight stays pending until
+    ``django_debounce.testing.run_due()`` or a flush. ``declared``: ``producer`` has declared
+    the task's queue already (the pump does, once per batch), so Celery does not declare it
+    again for this message. Raises what Celery's ``apply_async`` raises when the broker
+    refuses the message."""
     label = dispatch.label or dispatch.key_hash[:12]  # the readable key, or the hash's start
     if len(label) > LABEL:
         label = label[: LABEL - 1] + "…"
@@ -88,22 +89,24 @@ def publish(task: Task, dispatch: Dispatch, producer: Any = None) -> None:
         # what Flower and `celery events` show instead of {"__debounce__": {"k": <sha256>...}}
         "argsrepr": "()",
         "kwargsrepr": f"{{'key': {label!r}, 'seq': {dispatch.seq}}}",
+        # one quick retry (a dropped connection), not Celery's default three: a refused
+        # message is released to the due index, so nothing waits on a broker that is down
+        "retry_policy": RETRY_POLICY,
     }
     if dispatch.countdown > 0:
         options["countdown"] = dispatch.countdown
     if producer is not None:
         options["producer"] = producer
-    # one quick retry (a dropped connection), not Celery's default three: a refused message
-    # is released to the due index, so nothing waits on a broker that is down
-    options["retry_policy"] = RETRY_POLICY
+    if declared:
+        options["declare"] = []
     task.apply_async(kwargs={DISPATCH_KWARG: message_of(dispatch)}, **options)
 
 
 def publish_or_release(task: Task, backend: Any, dispatch: Dispatch) -> bool:
-    """Publish ``dispatch``; when the broker refuses it, put its flight back in the due index
-    (``backend.release``), where a pump publishes it once the broker is back: a trigger or a
-    run's bookkeeping never fails because the broker is down (I8). Returns whether it went
-    out."""
+    """Publish ``dispatch`` (the caller checks ``is_eager``); when the broker refuses it, put
+    its flight back in the due index (``backend.release``), where a pump publishes it once
+    the broker is back: a trigger or a run's bookkeeping never fails because the broker is
+    down (I8). Returns whether it went out."""
     try:
         publish(task, dispatch)
         return True

@@ -14,7 +14,7 @@ from typing import Any
 from django_debounce import conf, observe, registry
 from django_debounce.backends.base import BaseBackend
 from django_debounce.dbconn import closing, fork_pending, thread_tick
-from django_debounce.dispatch import publish
+from django_debounce.dispatch import RETRY_POLICY, is_eager, publish
 from django_debounce.state import Dispatch
 
 logger = logging.getLogger("django_debounce")
@@ -183,7 +183,7 @@ class Pump(Ticker):
                 return min(interval, 0.25)
             self._drained.discard(queue)
             taken = backend.take(options, limit)
-            self._publish(backend, tasks, taken.dispatches)
+            self._publish(backend, queue, tasks, taken.dispatches)
             with stats.lock:
                 stats.again += taken.again
             if taken.next_in is None:
@@ -192,15 +192,32 @@ class Pump(Ticker):
                 return min(max(taken.next_in, 0.0), interval)
 
     def _publish(
-        self, backend: BaseBackend, tasks: dict[str, Any], dispatches: list[Dispatch]
+        self,
+        backend: BaseBackend,
+        queue: str | None,
+        tasks: dict[str, Any],
+        dispatches: list[Dispatch],
     ) -> None:
-        if not dispatches:
+        """Publish ``dispatches`` (of ``tasks``, routed to ``queue``) with one producer,
+        declaring the queue once for the batch rather than once per message (as Celery
+        would); what the broker refuses goes back to the due index. Under
+        ``task_always_eager`` nothing is published: the flights are taken again after
+        ``DEBOUNCE_DISPATCH_GRACE``."""
+        first = next(iter(tasks.values()))
+        if not dispatches or is_eager(first):
             return
         failed: list[Dispatch] = []
         sent = 0
-        app = self.app or next(iter(tasks.values())).app
+        app = self.app or first.app
         broker_down = False
         with app.producer_or_acquire() as producer:
+            declared = False
+            if queue is not None:
+                try:
+                    producer.maybe_declare(app.amqp.queues[queue], retry=True, **RETRY_POLICY)
+                    declared = True
+                except Exception:  # each message declares it, and the first refused is kept
+                    pass
             for dispatch in dispatches:
                 task = tasks.get(dispatch.task_name)
                 if task is None or broker_down:
@@ -209,7 +226,7 @@ class Pump(Ticker):
                     failed.append(dispatch)
                     continue
                 try:
-                    publish(task, dispatch, producer=producer)
+                    publish(task, dispatch, producer=producer, declared=declared)
                     sent += 1
                 except Exception as exc:
                     logger.warning(

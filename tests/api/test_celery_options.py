@@ -112,14 +112,14 @@ def pumped(task, broker) -> list[dict[str, Any]]:
 
     from django.utils import timezone
 
-    from django_debounce.pump import Pump
+    from django_debounce.pump import Pump, queue_of
     from tests.celery_app import app
 
     broker.delete(QUEUE)
     backend = task.get_backend()
     future = timezone.now() + timedelta(seconds=task.wait + 1)
     taken = backend.take({task.name: task.flight_options()}, 100, now=future)
-    Pump(app=app)._publish(backend, {task.name: task}, taken.dispatches)
+    Pump(app=app)._publish(backend, queue_of(task), {task.name: task}, taken.dispatches)
     return messages(broker)
 
 

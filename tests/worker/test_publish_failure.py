@@ -19,7 +19,7 @@ from kombu import pools
 
 from django_debounce import trigger_many
 from django_debounce.keys import key_hash
-from django_debounce.pump import Pump, stats
+from django_debounce.pump import Pump, queue_of, stats
 from tests.celery_app import app
 from tests.support.helpers import stays, wait_for
 from tests.support.servers import free_port
@@ -84,7 +84,9 @@ def test_a_trigger_whose_message_the_broker_refuses_waits_in_the_index(worker, s
         assert [d.key_hash for d in taken.dispatches] == [key_hash(record_slow.name, slow_key)]
         assert not released(record_slow, slow_key)  # taken
         before = stats.released
-        Pump(app=app)._publish(backend, {record_slow.name: record_slow}, taken.dispatches)
+        Pump(app=app)._publish(
+            backend, queue_of(record_slow), {record_slow.name: record_slow}, taken.dispatches
+        )
         assert stats.released == before + 1
         assert released(record_slow, slow_key)
     assert record_slow.cancel(unique_tag) == 1
