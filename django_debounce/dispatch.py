@@ -73,32 +73,25 @@ def message_of(dispatch: Dispatch) -> dict[str, Any]:
     return {"k": dispatch.key_hash, "s": dispatch.seq, "v": VERSION}
 
 
-def publish(task: Task, dispatch: Dispatch, producer: Any = None, declared: bool = False) -> None:
+def publish(task: Task, dispatch: Dispatch, **options: Any) -> None:
     """Publish one dispatch message for ``task``, ``countdown`` seconds from now (never more
-    than the pump interval). The caller checks ``is_eager`` first: under
-    ``task_always_eager`` nothing is published, and the flight stays pending until
-    ``django_debounce.testing.run_due()`` or a flush. ``declared``: ``producer`` has declared
-    the task's queue already (the pump does, once per batch), so Celery does not declare it
-    again for this message. Raises what Celery's ``apply_async`` raises when the broker
-    refuses the message."""
+    than the pump interval), with more of Celery's ``apply_async`` ``options`` (the pump's
+    producer). The caller checks ``is_eager``: under ``task_always_eager`` nothing is
+    published. Raises what ``apply_async`` raises when the broker refuses the message."""
     label = dispatch.label or dispatch.key_hash[:12]  # the readable key, or the hash's start
     if len(label) > LABEL:
         label = label[: LABEL - 1] + "…"
-    options: dict[str, Any] = {
-        "serializer": "json",
+    options.update(
+        serializer="json",
         # what Flower and `celery events` show instead of {"__debounce__": {"k": <sha256>...}}
-        "argsrepr": "()",
-        "kwargsrepr": f"{{'key': {label!r}, 'seq': {dispatch.seq}}}",
+        argsrepr="()",
+        kwargsrepr=f"{{'key': {label!r}, 'seq': {dispatch.seq}}}",
         # one quick retry (a dropped connection), not Celery's default three: a refused
         # message is released to the due index, so nothing waits on a broker that is down
-        "retry_policy": RETRY_POLICY,
-    }
+        retry_policy=RETRY_POLICY,
+    )
     if dispatch.countdown > 0:
         options["countdown"] = dispatch.countdown
-    if producer is not None:
-        options["producer"] = producer
-    if declared:
-        options["declare"] = []
     task.apply_async(kwargs={DISPATCH_KWARG: message_of(dispatch)}, **options)
 
 

@@ -8,6 +8,7 @@ import random
 import threading
 import time
 from collections import defaultdict
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +19,8 @@ from django_debounce.dispatch import RETRY_POLICY, is_eager, publish
 from django_debounce.state import Dispatch
 
 logger = logging.getLogger("django_debounce")
+# Messages per round trip of kombu's publish batches (the first waits a few ms for the rest).
+FLUSH_EVERY = 100
 
 
 @dataclass
@@ -198,45 +201,35 @@ class Pump(Ticker):
         tasks: dict[str, Any],
         dispatches: list[Dispatch],
     ) -> None:
-        """Publish ``dispatches`` (of ``tasks``, routed to ``queue``) with one producer,
-        declaring the queue once for the batch rather than once per message (as Celery
-        would); what the broker refuses goes back to the due index. Under
-        ``task_always_eager`` nothing is published: the flights are taken again after
-        ``DEBOUNCE_DISPATCH_GRACE``."""
+        """Publish ``dispatches`` (of ``tasks``, routed to ``queue``; none in eager mode); when
+        the broker refuses any of them, the whole batch goes back to the due index."""
         first = next(iter(tasks.values()))
         if not dispatches or is_eager(first):
             return
-        failed: list[Dispatch] = []
-        sent = 0
         app = self.app or first.app
-        broker_down = False
-        with app.producer_or_acquire() as producer:
-            declared = False
-            if queue is not None:
-                try:
+        failed = [d for d in dispatches if d.task_name not in tasks]  # not ours: left for later
+        ours = [d for d in dispatches if d.task_name in tasks]
+        sent = 0
+        try:
+            with app.producer_or_acquire() as producer:
+                options: dict[str, Any] = {"producer": producer}
+                if queue is not None:  # once per batch, not per message (design.md)
                     producer.maybe_declare(app.amqp.queues[queue], retry=True, **RETRY_POLICY)
-                    declared = True
-                except Exception:  # each message declares it, and the first refused is kept
-                    pass
-            for dispatch in dispatches:
-                task = tasks.get(dispatch.task_name)
-                if task is None or broker_down:
-                    # a task this pump did not ask for, or the broker refused a message of
-                    # this batch already: the rest waits in the index (no retry storm)
-                    failed.append(dispatch)
-                    continue
-                try:
-                    publish(task, dispatch, producer=producer, declared=declared)
-                    sent += 1
-                except Exception as exc:
-                    logger.warning(
-                        "django_debounce: pump could not publish %s (%s); its flights wait in "
-                        "the due index until the broker takes messages again",
-                        dispatch.task_name,
-                        exc,
-                    )
-                    failed.append(dispatch)
-                    broker_down = True
+                    options["declare"] = []
+                batch = producer.batch(FLUSH_EVERY) if hasattr(producer, "batch") else nullcontext()
+                with batch:  # kombu >= 5.7: one Redis pipeline per FLUSH_EVERY messages
+                    for dispatch in ours:
+                        publish(tasks[dispatch.task_name], dispatch, **options)
+            sent = len(ours)
+        except Exception as exc:
+            # a message that went out before the failure is dropped by its sequence (design.md)
+            logger.warning(
+                "django_debounce: pump could not publish %d dispatch messages (%s); their "
+                "flights wait in the due index until the broker takes messages again",
+                len(ours),
+                exc,
+            )
+            failed += ours
         if failed:
             try:
                 backend.release(failed)
