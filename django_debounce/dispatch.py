@@ -74,10 +74,9 @@ def message_of(dispatch: Dispatch) -> dict[str, Any]:
 
 
 def publish(task: Task, dispatch: Dispatch, **options: Any) -> None:
-    """Publish one dispatch message for ``task``, ``countdown`` seconds from now (never more
-    than the pump interval), with more of Celery's ``apply_async`` ``options`` (the pump's
-    producer). The caller checks ``is_eager``: under ``task_always_eager`` nothing is
-    published. Raises what ``apply_async`` raises when the broker refuses the message."""
+    """Publish one dispatch message for ``task``, ``countdown`` seconds from now (at most the
+    pump interval), with more of Celery's ``apply_async`` ``options``; the caller checks
+    ``is_eager``. Raises what ``apply_async`` raises when the broker refuses the message."""
     label = dispatch.label or dispatch.key_hash[:12]  # the readable key, or the hash's start
     if len(label) > LABEL:
         label = label[: LABEL - 1] + "…"

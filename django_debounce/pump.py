@@ -12,6 +12,8 @@ from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
+from kombu.common import Broadcast
+
 from django_debounce import conf, observe, registry
 from django_debounce.backends.base import BaseBackend
 from django_debounce.dbconn import closing, fork_pending, thread_tick
@@ -19,8 +21,6 @@ from django_debounce.dispatch import RETRY_POLICY, is_eager, publish
 from django_debounce.state import Dispatch
 
 logger = logging.getLogger("django_debounce")
-# Messages per round trip of kombu's publish batches (the first waits a few ms for the rest).
-FLUSH_EVERY = 100
 
 
 @dataclass
@@ -93,11 +93,10 @@ class Ticker:
 
 
 class Pump(Ticker):
-    """One pump: ``tick()`` publishes what is due now and returns how long to sleep; its
-    thread sleeps that long, shorter by up to 10% (never past the entry it waits for).
-    ``tasks`` (name -> task) defaults to the registered debounced tasks, read at every tick.
-    A batch taken and not published when it stops is taken again after
-    ``DEBOUNCE_DISPATCH_GRACE``."""
+    """One pump: ``tick()`` publishes what is due now and returns how long to sleep (its
+    thread sleeps up to 10% less). ``tasks`` (name -> task) defaults to the registered
+    debounced tasks, read at every tick. A batch taken and not published when it stops is
+    taken again after ``DEBOUNCE_DISPATCH_GRACE``."""
 
     NAME = "pump"
     JITTER = 0.1
@@ -164,11 +163,10 @@ class Pump(Ticker):
         capped: set[str],
     ) -> float:
         """Take and publish the due flights of ``tasks`` (all routed to ``queue``) in batches,
-        until none is due or the queue is full (then it is added to ``capped``); the sleep
-        after. Each take is at most the room the queue has left under
-        ``DEBOUNCE_PUMP_QUEUE_CAP``, by the depth the broker reports just before it: a pump
-        alone never fills a queue past the cap, and pumps that take for one queue at the same
-        moment pass it by at most one batch each."""
+        until none is due, the queue is full (added to ``capped``) or the broker refuses; the
+        sleep after. Each take is at most the room the queue has left under the cap
+        (``_room``): a pump alone never fills a queue past it, and pumps that take for one
+        queue at the same moment pass it by at most one batch each."""
         interval = conf.seconds_of("PUMP_INTERVAL")
         options = registry.options(tasks)
         # a queue near its cap gets a quarter second to drain before a take smaller than a
@@ -186,10 +184,10 @@ class Pump(Ticker):
                 return min(interval, 0.25)
             self._drained.discard(queue)
             taken = backend.take(options, limit)
-            self._publish(backend, queue, tasks, taken.dispatches)
+            refused = self._publish(backend, queue, tasks, taken.dispatches)
             with stats.lock:
                 stats.again += taken.again
-            if taken.next_in is None:
+            if taken.next_in is None or refused:
                 return interval
             if taken.next_in > 0 or len(taken.dispatches) < limit or fork_pending():
                 return min(max(taken.next_in, 0.0), interval)
@@ -200,32 +198,34 @@ class Pump(Ticker):
         queue: str | None,
         tasks: dict[str, Any],
         dispatches: list[Dispatch],
-    ) -> None:
-        """Publish ``dispatches`` (of ``tasks``, routed to ``queue``; none in eager mode); when
-        the broker refuses any of them, the whole batch goes back to the due index."""
+    ) -> bool:
+        """Publish ``dispatches`` (of ``tasks``, routed to ``queue``; none in eager mode); if
+        the broker refuses any, the whole batch goes back to the due index (returns True)."""
         first = next(iter(tasks.values()))
         if not dispatches or is_eager(first):
-            return
+            return False
         app = self.app or first.app
         failed = [d for d in dispatches if d.task_name not in tasks]  # not ours: left for later
         ours = [d for d in dispatches if d.task_name in tasks]
-        sent = 0
+        refused = False
         try:
             with app.producer_or_acquire() as producer:
                 options: dict[str, Any] = {"producer": producer}
-                if queue is not None:  # once per batch, not per message (design.md)
-                    producer.maybe_declare(app.amqp.queues[queue], retry=True, **RETRY_POLICY)
-                    options["declare"] = []
-                batch = producer.batch(FLUSH_EVERY) if hasattr(producer, "batch") else nullcontext()
-                with batch:  # kombu >= 5.7: one Redis pipeline per FLUSH_EVERY messages
-                    for dispatch in ours:
-                        publish(tasks[dispatch.task_name], dispatch, **options)
-            sent = len(ours)
+                entity = None if queue is None else app.amqp.queues[queue]
+                pinned = entity is not None and not isinstance(entity, Broadcast)
+                if pinned:  # declared once per batch (design.md); the messages go to it
+                    producer.maybe_declare(entity, retry=True, **RETRY_POLICY)
+                    options["queue"] = queue
+                batch = producer.batch() if hasattr(producer, "batch") else nullcontext()
+                with batch:  # kombu >= 5.7: one Redis pipeline per 1,000 commands
+                    for d in ours:  # (a declare list of its own for each message)
+                        publish(tasks[d.task_name], d, declare=[] if pinned else None, **options)
         except Exception as exc:
-            # a message that went out before the failure is dropped by its sequence (design.md)
+            # some may have gone out: each starts its flight or is dropped (design.md)
+            refused = True
             logger.warning(
-                "django_debounce: pump could not publish %d dispatch messages (%s); their "
-                "flights wait in the due index until the broker takes messages again",
+                "django_debounce: pump could not publish a batch of %d dispatch messages (%s); "
+                "their flights wait in the due index until the broker takes messages again",
                 len(ours),
                 exc,
             )
@@ -236,13 +236,13 @@ class Pump(Ticker):
             except Exception:
                 logger.exception("django_debounce: could not release %d dispatches", len(failed))
         with stats.lock:
-            stats.published += sent
+            stats.published += 0 if refused else len(ours)
             stats.released += len(failed)
+        return refused
 
     def _room(self, task: Any, queue: str | None) -> int | None:
-        """How many more messages ``queue`` takes under ``DEBOUNCE_PUMP_QUEUE_CAP`` (0 or less:
-        none), by the depth the broker reports now; ``None``: no cap (the cap is off, or the
-        queue unknown)."""
+        """How many more messages ``queue`` takes under ``DEBOUNCE_PUMP_QUEUE_CAP`` by the depth
+        the broker reports now (0 or less: none; ``None``: no cap, or the queue unknown)."""
         cap = int(conf.get("PUMP_QUEUE_CAP"))
         if cap <= 0 or queue is None:
             return None

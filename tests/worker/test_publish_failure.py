@@ -7,6 +7,7 @@ debounced ``post_save`` receiver, in autocommit and inside ``transaction.atomic(
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,6 +19,7 @@ from django.utils import timezone
 from kombu import pools
 
 from django_debounce import trigger_many
+from django_debounce.dbconn import closing
 from django_debounce.keys import key_hash
 from django_debounce.pump import Pump, queue_of, stats
 from tests.celery_app import app
@@ -159,3 +161,39 @@ def test_a_model_save_with_the_broker_down_is_not_lost(worker, store, atomic, un
         assert len(flights) == len(set(flights))  # no flight ran twice (I5)
     seen = RunLog.objects.filter(task="testapp.item_saved", payload__pk=item.pk, started__gte=last)
     assert seen.order_by("-started").first().value_seen == 2  # the last run saw the save
+
+
+def test_a_batch_the_broker_refuses_ends_the_pumps_tick(
+    celery_worker_session, store, transactional_db, unique_tag, settings
+):
+    """More flights due than one batch, and a broker that refuses: the pump's tick takes one
+    batch, releases it whole and returns (before, it took and released the same batch again
+    and again within the tick). Once the broker is back, the next tick publishes every flight
+    and each runs once."""
+    celery_worker_session.stop()  # no other pump takes these flights meanwhile
+    try:
+        settings.DEBOUNCE_PUMP_BATCH = 2
+        tags = [f"{unique_tag}-{i}" for i in range(3)]
+        pump = Pump(app=app, tasks={record.name: record})
+        with broker_down():
+            for tag in tags:  # due at once: each publish is refused, each flight released
+                assert record.trigger(tag, debounce_wait=0).publish_failed
+            before = (stats.released, stats.published)
+            ticks: list[float] = []
+            tick = closing(lambda: ticks.append(pump.tick()))
+            thread = threading.Thread(target=tick, daemon=True)
+            thread.start()
+            thread.join(timeout=60)
+            assert ticks, "the tick did not return"
+            assert (stats.released - before[0], stats.published - before[1]) == (2, 0)
+            assert all(released(record, record.resolve((tag,), {})[0]) for tag in tags)
+        pump.tick()
+        assert stats.published - before[1] == 3
+    finally:
+        celery_worker_session.start()
+    for tag in tags:
+        wait_for(
+            lambda tag=tag: RunLog.objects.filter(tag=tag, finished__isnull=False).exists(),
+            message=f"the run of {tag}",
+        )
+    assert stays(lambda: RunLog.objects.filter(tag__in=tags).count() == 3, duration=1.0)
