@@ -61,6 +61,7 @@ FIELDS: dict[str, str] = {
     "merged": "merged",
     "cancelled": "cancelled",
 }
+BLANK = {attr: getattr(KeyModel, attr) for attr in FIELDS}  # a new key's state (defaults)
 TIMES = frozenset(
     a for a, c in FIELDS.items() if isinstance(DebounceKey._meta.get_field(c), models.DateTimeField)
 )
@@ -87,9 +88,14 @@ def q(name: str) -> str:
 
 KEY = q(DebounceKey._meta.db_table)
 DUE = q(DebounceDue._meta.db_table)
-UPSERT_DUE = (
-    f"INSERT INTO {DUE} ({q('key_hash')}, {q('task_name')}, {q('due_at')}) VALUES (%s, %s, %s) "
+DUE_FIELD = {f.column: f for f in DebounceDue._meta.concrete_fields}
+DUE_COLUMNS = ("key_hash", "task_name", "due_at")
+UPSERT_DUE_TAIL = (
     f"ON CONFLICT ({q('key_hash')}) DO UPDATE SET {q('due_at')} = EXCLUDED.{q('due_at')}"
+)
+UPSERT_DUE = (
+    f"INSERT INTO {DUE} ({', '.join(q(c) for c in DUE_COLUMNS)}) VALUES (%s, %s, %s) "
+    + UPSERT_DUE_TAIL
 )
 
 
@@ -125,12 +131,14 @@ for _f in DebounceKey._meta.concrete_fields:
         NEW_DEFAULTS.append(_f.get_default())
 
 
+NEW_ROW_TAIL = f"ON CONFLICT ({q('key_hash')}) DO NOTHING"
+
+
 @functools.cache
 def _insert_text(cols: tuple[str, ...]) -> str:
     return (
         f"INSERT INTO {KEY} ({', '.join(q(c) for c in cols)}) "
-        f"VALUES ({', '.join(['%s'] * len(cols))}) "
-        f"ON CONFLICT ({q('key_hash')}) DO NOTHING"
+        f"VALUES ({', '.join(['%s'] * len(cols))}) " + NEW_ROW_TAIL
     )
 
 
@@ -449,8 +457,7 @@ class Rows:
     def blank(self, key_hash: str, key: str, task_name: str, cfg: Config) -> Record:
         """The record of a key that has no row yet: ``write`` inserts it."""
         k = KeyModel(cfg, self.retake, self.direct, exists=True)
-        orig = {attr: getattr(k, attr) for attr in FIELDS}
-        orig.update(state="idle", counter_id=0, counter_until=None)
+        orig = {**BLANK, "state": "idle", "counter_id": 0, "counter_until": None}
         return Record(
             pk=None,
             key_text=key,
@@ -465,20 +472,11 @@ class Rows:
 
     def create(self, keys: list[tuple[str, str]], task_name: str, overlap: bool) -> None:
         """Rows for ``(key_hash, key)`` pairs that have none (others are left alone)."""
-        if not keys:
-            return
-        conn = connections[self.alias]
-        stamp = FIELD["created_at"].get_db_prep_save(datetime.now(UTC), conn)
-        text = (
-            f"INSERT INTO {KEY} ({', '.join(q(c) for c in NEW_COLUMNS)}) VALUES "
-            + ", ".join([f"({', '.join(['%s'] * len(NEW_COLUMNS))})"] * len(keys))
-            + f" ON CONFLICT ({q('key_hash')}) DO NOTHING"
-        )
-        params: list[Any] = []
-        for hashed, key in keys:
-            params += [hashed, key, task_name, overlap, stamp, stamp, *NEW_DEFAULTS]
-        with conn.cursor() as cursor:
-            cursor.execute(text, params)
+        stamp = self._prep("created_at", datetime.now(UTC))
+        rows = [[h, key, task_name, overlap, stamp, stamp, *NEW_DEFAULTS] for h, key in keys]
+        if rows:
+            with connections[self.alias].cursor() as cursor:
+                self._insert_rows(cursor, KEY, NEW_COLUMNS, rows, NEW_ROW_TAIL)
 
     def read(self, key_hash: str, cfg: Config | None) -> Record | None:
         """The record of ``key_hash`` without a lock (for views)."""
@@ -500,6 +498,12 @@ class Rows:
         if column in JSON_COLUMNS:
             return FIELD[column].get_db_prep_save(value, connections[self.alias])
         return value
+
+    def _time(self, us: int, times: dict[int | None, Any]) -> Any:
+        """The time ``us`` prepared for the database, kept in ``times``."""
+        if us not in times:
+            times[us] = self._prep("due_at", to_dt(us))
+        return times[us]
 
     def _steps(self, record: Record, now: int, reindex: bool) -> list[tuple[int, str, list]]:
         """The statements of a step's result on a record that has its row: ``(order, text,
@@ -567,9 +571,16 @@ class Rows:
             self._execute(statements)
         return True
 
-    def _new_row(self, record: Record, now: int) -> dict[str, Any]:
+    def _new_row(self, record: Record, now: int, times: dict[int | None, Any]) -> dict[str, Any]:
         """Every column of a ``blank`` record's row after its step, prepared (one column set
-        for every new row)."""
+        for every new row). ``times``: prepared times by microseconds, shared by the rows
+        of one ``write_many`` (an import's rows share most of theirs)."""
+        if None not in times:
+            times[None] = self._prep("created_at", datetime.now(UTC))
+
+        def at(us: int | None) -> Any:
+            return None if us is None else times[us] if us in times else self._time(us, times)
+
         k = record.key
         assert not record.new_runs and not record.ended, "a new row claims no run"
         values = {
@@ -577,15 +588,17 @@ class Rows:
             "key": record.key_text,
             "task_name": record.task_name,
             "overlap": k.cfg.overlap,
-            "created_at": self._prep("created_at", datetime.now(UTC)),
-            "updated_at": self._prep("updated_at", to_dt(now)),
+            "created_at": times[None],
+            "updated_at": at(now),
         }
         for attr, col in FIELDS.items():
             value = getattr(k, attr)
-            values[col] = self._prep(col, to_dt(value) if attr in TIMES else value)
+            if value is not None and (attr in TIMES or col in JSON_COLUMNS):
+                value = at(value) if attr in TIMES else self._prep(col, value)
+            values[col] = value
         values["state"] = record.state()
         values["counter_id"] = record.counter_id
-        values["counter_until"] = self._prep("counter_until", to_dt(record.counter_until))
+        values["counter_until"] = at(record.counter_until)
         values["last_outcome"] = record.last_outcome or ""
         return values
 
@@ -593,7 +606,7 @@ class Rows:
         """``write`` of a ``blank`` record: its row, with its due entry (on PostgreSQL in
         the same statement)."""
         k = record.key
-        values = self._new_row(record, now)
+        values = self._new_row(record, now, {})
         text, params = _insert_text(tuple(values)) + f" RETURNING {q('id')}", list(values.values())
         due = None
         if reindex and k.entry is not None:
@@ -614,36 +627,73 @@ class Rows:
         record.entry = k.entry
         return True
 
-    def write_many(self, records: Sequence[tuple[Record, bool]], now: int) -> bool:
-        """``write`` of many records (``(record, reindex)`` pairs): the same statements, each
-        text sent once for all its rows (``executemany``, one round trip on PostgreSQL); the
-        rows of ``blank`` records are made first. Returns ``False`` when one of those rows was
-        made meanwhile by another transaction: the caller rolls the transaction back and
-        takes the steps again on the rows as they are (the others' writes then never
-        happened)."""
-        groups: dict[tuple[int, str], list[list]] = {}
+    def _insert_rows(
+        self, cursor: Any, table: str, cols: Sequence[str], rows: list[list], tail: str
+    ) -> int:
+        """Insert ``rows`` (prepared values of ``cols``) into ``table`` (``DebounceKey`` or
+        ``DebounceDue``) in as few statements as the database's parameter limit allows: a
+        value every row shares is sent once, only the others row by row (an import's
+        openings share all but the key and payload). Returns the number of rows inserted."""
+        conn = connections[self.alias]
+        fields = FIELD if table == KEY else DUE_FIELD
+        same = [column.count(column[0]) == len(column) for column in zip(*rows, strict=True)]
+        vary = [i for i, s in enumerate(same) if not s] or [0]
+        cells, n = [], 0
+        for i, col in enumerate(cols):
+            cell = "NULL" if same[i] and rows[0][i] is None else "%s"
+            if i in vary:
+                n += 1
+                cell = f"v.column{n}"
+            if self.pg:
+                cell = f"CAST({cell} AS {fields[col].db_type(conn)})"
+            cells.append(cell)
+        once = [rows[0][i] for i in range(len(cols)) if i not in vary and rows[0][i] is not None]
+        width = max(1, ((conn.features.max_query_params or 65535) - len(once)) // len(vary))
+        head = f"INSERT INTO {table} ({', '.join(q(c) for c in cols)}) SELECT {', '.join(cells)}"
         made = 0
+        for start in range(0, len(rows), width):
+            part = rows[start : start + width]
+            values = ", ".join(["(" + ", ".join(["%s"] * len(vary)) + ")"] * len(part))
+            params = once + [r[i] for r in part for i in vary]
+            cursor.execute(f"{head} FROM (VALUES {values}) AS v WHERE true {tail}", params)
+            made += cursor.rowcount
+        return made
+
+    def write_many(self, records: Sequence[tuple[Record, bool]], now: int) -> bool:
+        """``write`` of many records (``(record, reindex)`` pairs): the rows of ``blank``
+        records first, in as few statements as ``_insert_rows`` needs, with their due
+        entries; then the same statements of the others, each text sent once for all its
+        rows (``executemany``, one round trip on PostgreSQL). Returns ``False`` when one of
+        the new rows was made meanwhile by another transaction: the caller rolls the
+        transaction back and takes the steps again on the rows as they are (the others'
+        writes then never happened)."""
+        groups: dict[tuple[int, str], list[list]] = {}
+        new: list[dict[str, Any]] = []
+        due: list[list] = []
+        times: dict[int | None, Any] = {}
         for record, reindex in records:
             self._lost(record)
             if record.pk is None:
-                values = self._new_row(record, now)
-                text = _insert_text(tuple(values))
-                groups.setdefault((-1, text), []).append(list(values.values()))
-                made += 1
+                new.append(self._new_row(record, now, times))
                 k = record.key
                 if reindex and k.entry is not None:
-                    due = [record.key_hash, record.task_name, self._prep("due_at", to_dt(k.entry))]
-                    groups.setdefault((1, UPSERT_DUE), []).append(due)
+                    due.append([record.key_hash, record.task_name, self._time(k.entry, times)])
                 record.entry = k.entry
                 continue
             for order, text, params in self._steps(record, now, reindex):
                 groups.setdefault((order, text), []).append(params)
         with connections[self.alias].cursor() as cursor:
-            for (order, text), many in sorted(groups.items(), key=lambda g: g[0][0]):
+            if new:
+                cols = tuple(new[0])
+                rows = [list(v.values()) for v in new]
+                made = self._insert_rows(cursor, KEY, cols, rows, NEW_ROW_TAIL)
+                if made != len(new):
+                    return False
+            if due:
+                self._insert_rows(cursor, DUE, DUE_COLUMNS, due, UPSERT_DUE_TAIL)
+            for (_order, text), many in sorted(groups.items(), key=lambda g: g[0][0]):
                 if len(many) == 1:
                     cursor.execute(text, many[0])
                 else:
                     cursor.executemany(text, many)
-                if order == -1:
-                    made -= cursor.rowcount
-        return made == 0
+        return True
