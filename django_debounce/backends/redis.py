@@ -245,16 +245,19 @@ class RedisBackend(DatabaseBackend):
         return out  # type: ignore[return-value]
 
     def opened(self, rows: Rows, records: Sequence[Record], now: int, context: Any) -> None:
-        """Before the row path commits: the fence of the counter each open flight gets
-        (fence 2: its id and ``counter_until`` in the row first). ``context``: the Redis
-        time of each key's merge attempt, and the fingerprint of its last trigger."""
+        """Before the row path commits: the fence of the counter a flight gets at its
+        second trigger (fence 2: its id and ``counter_until`` in the row first).
+        ``context``: the Redis time of each key's merge attempt, and the fingerprint of its
+        last trigger."""
         if context is None:
             return
         seen, fps = context
         for record in records:
             k = record.key
             t_r = seen.get(record.key_hash)
-            if t_r is None or not k.pending or k.cfg.collect or k.due is None:
+            # a flight's first trigger makes no counter: most flights of an import or a
+            # lone save never get a second one, and their claim then seals nothing
+            if t_r is None or k.pending < 2 or k.cfg.collect or k.due is None:
                 continue
             until = k.due + self.grace()
             if record.counter_until is not None:

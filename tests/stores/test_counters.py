@@ -116,41 +116,48 @@ def test_a_merged_trigger_writes_no_row_and_the_next_take_folds_it(backend, uniq
     assert (result.pending, dispatch) == (1, None)
     row = row_values(h)
     assert (row["state"], row["pending"], row["triggers"]) == ("pending", 1, 1)
+    assert (row["counter_id"], row["counter_until"]) == (0, None)
+    assert counter(backend, h) == {}  # a flight's first trigger makes no counter
+    # the second finds no counter: it joins the flight on the row path and makes one
+    result, dispatch = trig(backend, record_slow, unique_tag, t0 + timedelta(seconds=1))
+    assert (result.pending, dispatch) == (2, None)
+    row = row_values(h)
+    assert (row["pending"], row["triggers"]) == (2, 2)
     assert row["counter_id"] > 0
-    assert row["counter_until"] >= row["due_at"] == t0 + timedelta(seconds=60)
+    assert row["counter_until"] >= row["due_at"] == t0 + timedelta(seconds=61)
     made = counter(backend, h)
     assert (int(made["i"]), made["n"], made.get("s")) == (row["counter_id"], "0", None)
 
-    for i in (1, 2):
+    for i in (2, 3):
         result, dispatch = trig(backend, record_slow, unique_tag, t0 + timedelta(seconds=i))
-        assert (result.flight_id, result.pending, dispatch) == (1, 1 + i, None)
+        assert (result.flight_id, result.pending, dispatch) == (1, i + 1, None)
     assert row_values(h) == row  # merged: not a column of the row changed
     assert counter(backend, h)["n"] == "2"
     assert backend.counted([h]) == {h: 2}
     live = backend.live_state(h)
-    assert (live["pending"], live["triggers"], live["flight_id"]) == (3, 3, 1)
+    assert (live["pending"], live["triggers"], live["flight_id"]) == (4, 4, 1)
 
-    # the row's due time (t0 + 60 s) comes: the take seals the counter and folds its two
-    # triggers, the last at t0 + 2 s, so the flight is due at t0 + 62 s: not yet
-    taken = take(backend, record_slow, t0 + timedelta(seconds=61))
+    # the row's due time (t0 + 61 s) comes: the take seals the counter and folds its two
+    # triggers, the last at t0 + 3 s, so the flight is due at t0 + 63 s: not yet
+    taken = take(backend, record_slow, t0 + timedelta(seconds=62))
     assert taken.dispatches == []
     row = row_values(h)
-    assert (row["pending"], row["triggers"], row["counter_until"]) == (3, 3, None)
-    assert row["last_trigger_at"] == t0 + timedelta(seconds=2)
-    assert row["due_at"] == t0 + timedelta(seconds=62)
+    assert (row["pending"], row["triggers"], row["counter_until"]) == (4, 4, None)
+    assert row["last_trigger_at"] == t0 + timedelta(seconds=3)
+    assert row["due_at"] == t0 + timedelta(seconds=63)
     assert counter(backend, h)["s"] == "1"  # a tombstone now
     assert backend.counted([h]) == {}
-    taken = take(backend, record_slow, t0 + timedelta(seconds=62))
+    taken = take(backend, record_slow, t0 + timedelta(seconds=63))
     assert [d.key_hash for d in taken.dispatches] == [h]
     decision = backend.fire(
         h,
         taken.dispatches[0].seq,
         task_name=record_slow.name,
         options=record_slow.flight_options(),
-        now=t0 + timedelta(seconds=63),
+        now=t0 + timedelta(seconds=64),
     )
     assert decision.action is FireAction.CLAIM
-    assert (decision.claim.triggers, decision.claim.payload) == (3, [unique_tag])
+    assert (decision.claim.triggers, decision.claim.payload) == (4, [unique_tag])
 
 
 def test_the_claim_folds_what_the_counter_counted(backend, unique_tag):
@@ -159,10 +166,10 @@ def test_the_claim_folds_what_the_counter_counted(backend, unique_tag):
     t0 = timezone.now()
     for i in range(4):
         trig(backend, record, unique_tag, t0 + timedelta(seconds=i * 0.1))
-    assert row_values(h)["pending"] == 1
-    assert backend.counted([h]) == {h: 3}
+    assert row_values(h)["pending"] == 2  # the first two: the row path (the second made it)
+    assert backend.counted([h]) == {h: 2}
     early = backend.fire(
-        h, None, task_name=record.name, options=opts, now=t0 + timedelta(seconds=0.35)
+        h, None, task_name=record.name, options=opts, now=t0 + timedelta(seconds=0.45)
     )
     assert early.action is FireAction.REARM  # due at 0.3 s + 0.3 s once folded
     assert row_values(h)["pending"] == 4
@@ -182,6 +189,7 @@ def test_another_payload_or_a_per_call_option_takes_the_row_path(backend, unique
     opts = record_slow.flight_options()
     t0 = timezone.now()
     trig(backend, record_slow, unique_tag, t0)
+    trig(backend, record_slow, unique_tag, t0 + timedelta(seconds=0.5))  # makes the counter
     first = row_values(h)["counter_id"]
     assert counter(backend, h)["f"] == fingerprint(dumps([unique_tag]), opts)
 
@@ -189,12 +197,12 @@ def test_another_payload_or_a_per_call_option_takes_the_row_path(backend, unique
     other = [unique_tag, 0.0, "note"]
     trig(backend, record_slow, unique_tag, t0 + timedelta(seconds=1), payload=other)
     row = row_values(h)
-    assert (row["pending"], row["payload"]) == (2, other)  # the row took it
+    assert (row["pending"], row["payload"]) == (3, other)  # the row took it
     assert row["counter_id"] > first  # and a new counter takes that payload
     assert counter(backend, h)["f"] == fingerprint(dumps(other), opts)
     trig(backend, record_slow, unique_tag, t0 + timedelta(seconds=2), payload=other)
     assert backend.counted([h]) == {h: 1}
-    assert row_values(h)["pending"] == 2  # merged
+    assert row_values(h)["pending"] == 3  # merged
 
     # a per-call option (debounce_wait=4, say): the row path, which folds the count first
     # (and, for a shorter wait, moves the due time earlier than the task's wait would)
@@ -203,12 +211,12 @@ def test_another_payload_or_a_per_call_option_takes_the_row_path(backend, unique
     second = row_values(h)["counter_id"]
     trig(backend, record_slow, unique_tag, t0 + timedelta(seconds=3), payload=other, options=own)
     row = row_values(h)
-    assert (row["pending"], row["triggers"]) == (4, 4)
+    assert (row["pending"], row["triggers"]) == (5, 5)
     assert row["counter_id"] > second
     assert counter(backend, h)["f"] == fingerprint(dumps(other), own)
     # the task's own options are another fingerprint: a plain trigger takes the row path too
     trig(backend, record_slow, unique_tag, t0 + timedelta(seconds=4), payload=other)
-    assert row_values(h)["pending"] == 5
+    assert row_values(h)["pending"] == 6
     assert backend.counted([h]) == {}
 
 
@@ -228,7 +236,8 @@ def test_a_finish_seals_the_counter_its_retried_triggers_rejoin(backend, unique_
     ).claim
     assert claim is not None
     at = t0 + timedelta(seconds=61)
-    trig(backend, record_slow, unique_tag, at, options=own)  # opens flight 2 and its counter
+    trig(backend, record_slow, unique_tag, at, options=own)  # opens flight 2
+    trig(backend, record_slow, unique_tag, at, options=own)  # its second: makes its counter
     assert counter(backend, h)["f"] == fingerprint(dumps([unique_tag]), own)
     from django_debounce.state import Finish
 
@@ -243,7 +252,7 @@ def test_a_finish_seals_the_counter_its_retried_triggers_rejoin(backend, unique_
     assert counter(backend, h).get("s") == "1"  # sealed by the finish
     trig(backend, record_slow, unique_tag, at, options=own)  # the row path, not the counter
     row = row_values(h)
-    assert row["pending"] == 3
+    assert row["pending"] == 4
     # the rejoined trigger's anchor (t0) bounds the flight at t0 + 90 s, before at + 60 s
     assert row["due_at"] == t0 + timedelta(seconds=90)
     entry = DebounceDue.objects.get(key_hash=h).due_at
@@ -254,19 +263,20 @@ def test_a_sealed_counter_refuses_merges_and_the_next_trigger_opens_another(back
     h = hashed(record_slow, unique_tag)  # wait 60 s
     t0 = timezone.now()
     trig(backend, record_slow, unique_tag, t0)
+    trig(backend, record_slow, unique_tag, t0)  # makes the counter
     trig(backend, record_slow, unique_tag, t0 + timedelta(seconds=1))  # merged
     sealed_id = row_values(h)["counter_id"]
     # the pump's take at the row's due time needs the whole flight: it seals the counter and
     # folds its trigger (the flight is then due at t0 + 61 s: nothing goes out)
     assert take(backend, record_slow, t0 + timedelta(seconds=60)).dispatches == []
     row = row_values(h)
-    assert (row["pending"], row["counter_until"]) == (2, None)
+    assert (row["pending"], row["counter_until"]) == (3, None)
     got = counter(backend, h)
     assert (got["i"], got["s"], got["n"]) == (str(sealed_id), "1", "1")  # the count kept
     # the sealed counter absorbs nothing: the trigger takes the row path, opening a new one
     trig(backend, record_slow, unique_tag, t0 + timedelta(seconds=60.5))
     row = row_values(h)
-    assert row["pending"] == 3
+    assert row["pending"] == 4
     assert row["counter_id"] > sealed_id
     made = counter(backend, h)
     assert (int(made["i"]), made["n"], made.get("s")) == (row["counter_id"], "0", None)
@@ -323,6 +333,7 @@ def test_a_late_open_finds_the_tombstone_of_its_counter(backend, unique_tag):
     h = hashed(record_slow, unique_tag)
     t0 = timezone.now()
     trig(backend, record_slow, unique_tag, t0)
+    trig(backend, record_slow, unique_tag, t0)  # makes the counter
     row = row_values(h)
     ident = int(counter(backend, h)["i"])
     backend.client.delete(backend.counter_key(h))  # as if the open had not run yet
@@ -331,10 +342,10 @@ def test_a_late_open_finds_the_tombstone_of_its_counter(backend, unique_tag):
     fp = fingerprint(dumps([unique_tag]), record_slow.flight_options())
     x = us(row["counter_until"])
     assert (
-        backend.scripts["open"](keys=[backend.counter_key(h)], args=[ident, fp, x, 1, 1, ""]) == 0
+        backend.scripts["open"](keys=[backend.counter_key(h)], args=[ident, fp, x, 2, 2, ""]) == 0
     )
     trig(backend, record_slow, unique_tag, t0 + timedelta(seconds=60.5))  # the row path
-    assert row_values(h)["pending"] == 2
+    assert row_values(h)["pending"] == 3
 
 
 def test_seal_works_on_a_full_redis_and_leaves_a_tombstone(own_redis, unique_tag):
@@ -343,6 +354,7 @@ def test_seal_works_on_a_full_redis_and_leaves_a_tombstone(own_redis, unique_tag
     h = hashed(record_slow, unique_tag)
     t0 = timezone.now()
     trig(backend, record_slow, unique_tag, t0)
+    trig(backend, record_slow, unique_tag, t0)  # makes the counter
     trig(backend, record_slow, unique_tag, t0 + timedelta(seconds=1))  # merged
     assert backend.counted([h]) == {h: 1}
     client.config_set("maxmemory-policy", "noeviction")
@@ -352,11 +364,11 @@ def test_seal_works_on_a_full_redis_and_leaves_a_tombstone(own_redis, unique_tag
             client.set("anything", "x")
         # a merge on a full Redis: the row path, nothing raised
         result, _d = trig(backend, record_slow, unique_tag, t0 + timedelta(seconds=2))
-        assert result.pending == 3
+        assert result.pending == 4
         # the row path sealed the counter first (seal may write on a full Redis), folding its
         # trigger, and left its tombstone; no new counter could be made
         row = row_values(h)
-        assert (row["pending"], row["triggers"]) == (3, 3)
+        assert (row["pending"], row["triggers"]) == (4, 4)
         assert row["last_trigger_at"] == t0 + timedelta(seconds=2)
         got = counter(backend, h)
         assert (got["s"], got["n"]) == ("1", "1")  # a tombstone keeping what it read
@@ -373,6 +385,7 @@ def test_a_take_seals_on_a_full_redis(own_redis, unique_tag):
     h = hashed(record_slow, unique_tag)
     t0 = timezone.now()
     trig(backend, record_slow, unique_tag, t0)
+    trig(backend, record_slow, unique_tag, t0)  # makes the counter
     trig(backend, record_slow, unique_tag, t0 + timedelta(seconds=1))  # merged
     ident = row_values(h)["counter_id"]
     client.config_set("maxmemory-policy", "noeviction")
@@ -381,7 +394,7 @@ def test_a_take_seals_on_a_full_redis(own_redis, unique_tag):
         taken = take(backend, record_slow, t0 + timedelta(seconds=60))
         assert taken.dispatches == []  # folded: due at t0 + 61 s
         row = row_values(h)
-        assert (row["pending"], row["counter_until"]) == (2, None)
+        assert (row["pending"], row["counter_until"]) == (3, None)
         assert row["due_at"] == t0 + timedelta(seconds=61)
         got = counter(backend, h)
         assert (got["i"], got["s"], got["n"]) == (str(ident), "1", "1")
@@ -405,22 +418,24 @@ def test_a_redis_restart_between_triggers_fails_no_trigger(tmp_path, unique_tag,
             h = hashed(record_slow, unique_tag)
             others = [f"{unique_tag}-{i}" for i in range(3)]
             record_slow.trigger(unique_tag)
+            record_slow.trigger(unique_tag)  # makes the counter
             record_slow.trigger(unique_tag)  # merged
             trigger_many(record_slow, others)
+            trigger_many(record_slow, others)  # makes the counters, in one pipeline
             trigger_many(record_slow, others)  # merged, in one pipeline
             server.stop()
             server.start()  # every connection closed, no script loaded
             record_slow.trigger(unique_tag)
             trigger_many(record_slow, others)
             lost = 0 if persistent else 1
-            assert backend.live_state(h)["pending"] == 3 - lost
+            assert backend.live_state(h)["pending"] == 4 - lost
             for tag in others:
-                assert backend.live_state(hashed(record_slow, tag))["pending"] == 3 - lost
+                assert backend.live_state(hashed(record_slow, tag))["pending"] == 4 - lost
             taken = take(backend, record_slow, timezone.now() + timedelta(seconds=70))
             assert sorted(d.key_hash for d in taken.dispatches) == sorted(
                 [h, *(hashed(record_slow, tag) for tag in others)]
             )
-            assert DebounceKey.objects.get(key_hash=h).pending == 3 - lost
+            assert DebounceKey.objects.get(key_hash=h).pending == 4 - lost
     finally:
         server.stop()
 
@@ -432,6 +447,9 @@ def test_redis_memory_per_pending_key_is_under_300_bytes(own_redis, unique_tag, 
     tags = [f"{unique_tag}-{i}" for i in range(200)]
     for tag in tags:
         trig(backend, record_slow, tag, t0)
+    assert client.dbsize() == 0  # a flight's first trigger makes no counter
+    for tag in tags:
+        trig(backend, record_slow, tag, t0)  # the second makes it
     before = client.info("memory")["used_memory"]
     for tag in tags:
         trig(backend, record_slow, tag, t0 + timedelta(seconds=1))  # merged: n and t set
@@ -463,7 +481,7 @@ def test_long_unicode_keys_are_safe_and_do_not_collide(backend, unique_tag):
     base = (unique_tag + "\nline one\n" + "é ü 漢字 \t" * 40)[:250]
     a, b = base + "A" * 50, base + "B" * 50
     t0 = timezone.now()
-    for tag in (a, b, a):
+    for tag in (a, b, a, a):
         trig(backend, record_slow, tag, t0)
     ha, hb = hashed(record_slow, a), hashed(record_slow, b)
     assert ha != hb and backend.counter_key(ha) != backend.counter_key(hb)
@@ -482,6 +500,7 @@ def test_two_prefixes_share_one_redis_without_meeting(unique_tag):
     with override_settings(DEBOUNCE_BACKEND="redis", DEBOUNCE_REDIS_PREFIX="alpha"):
         alpha = get_backend()
         trig(alpha, record_slow, unique_tag, t0)
+        trig(alpha, record_slow, unique_tag, t0)  # makes the counter
         trig(alpha, record_slow, unique_tag, t0 + timedelta(seconds=1))
         assert alpha.counter_key(h) == f"alpha:{key_id(h)}"
     # the other deployment has a database of its own: these rows are not its rows
@@ -489,9 +508,10 @@ def test_two_prefixes_share_one_redis_without_meeting(unique_tag):
     with override_settings(DEBOUNCE_BACKEND="redis", DEBOUNCE_REDIS_PREFIX="beta"):
         beta = get_backend()
         assert beta.counted([h]) == {}  # alpha's counter is not beta's
-        trig(beta, record_slow, unique_tag, t0 + timedelta(seconds=2))
-        trig(beta, record_slow, unique_tag, t0 + timedelta(seconds=3))
-        assert beta.live_state(h)["pending"] == 2
+        for i in (2, 3, 4):
+            trig(beta, record_slow, unique_tag, t0 + timedelta(seconds=i))
+        assert beta.live_state(h)["pending"] == 3
+        assert beta.counted([h]) == {h: 1}
     assert alpha.counted([h]) == {h: 1}  # untouched by beta's triggers
     client = alpha.client
     assert {k.decode() for k in client.keys(f"*{key_id(h)}*")} == {
@@ -521,12 +541,13 @@ def test_redis_url_gives_the_store_a_redis_of_its_own(backend_name, tmp_path, un
             assert isinstance(backend, RedisBackend)
             h = hashed(record, unique_tag)
             record.trigger(unique_tag)
+            record.trigger(unique_tag)  # makes the counter
             record.trigger(unique_tag)  # merged
             assert own.hget(backend.counter_key(h), "n") == b"1"
             cache = redis.Redis.from_url(settings.CACHES["default"]["LOCATION"])
             assert not cache.keys("debounce:*")  # not in the cache alias's Redis
             assert run_due(now=timezone.now() + timedelta(seconds=5)) == 1
-        assert list(RunLog.objects.filter(tag=unique_tag).values_list("triggers", flat=True)) == [2]
+        assert list(RunLog.objects.filter(tag=unique_tag).values_list("triggers", flat=True)) == [3]
         assert own.hget(backend.counter_key(h), "s") == b"1"  # the claim sealed it
     finally:
         server.stop()
@@ -552,22 +573,24 @@ def test_a_redis_cluster_client_counts_and_folds(unique_tag):
 
             t0 = timezone.now()
             trig(backend, record_slow, tags[0], t0)
+            trig(backend, record_slow, tags[0], t0)  # makes the counter
             made = backend.client.hgetall(backend.counter_key(hashes[0]))
             assert made.get(b"n") == b"0", f"no counter was made: {made}"
             trig(backend, record_slow, tags[0], t0 + timedelta(seconds=1))  # merged
             trigger_many(record_slow, tags)  # one pipeline over the masters
+            trigger_many(record_slow, tags)  # makes the others' counters
             trigger_many(record_slow, tags)
-            assert backend.counted(hashes) == {h: (3 if h == hashes[0] else 1) for h in hashes}
-            assert DebounceKey.objects.get(key_hash=hashes[0]).pending == 1
+            assert backend.counted(hashes) == {h: (4 if h == hashes[0] else 1) for h in hashes}
+            assert DebounceKey.objects.get(key_hash=hashes[0]).pending == 2
             for h in hashes:
-                assert backend.live_state(h)["pending"] == (4 if h == hashes[0] else 2)
+                assert backend.live_state(h)["pending"] == (6 if h == hashes[0] else 3)
             taken = take(backend, record_slow, timezone.now() + timedelta(seconds=70))
             assert sorted(d.key_hash for d in taken.dispatches) == sorted(hashes)
             assert backend.counted(hashes) == {}
             pending = dict(
                 DebounceKey.objects.filter(key_hash__in=hashes).values_list("key_hash", "pending")
             )
-            assert pending == {h: (4 if h == hashes[0] else 2) for h in hashes}
+            assert pending == {h: (6 if h == hashes[0] else 3) for h in hashes}
         finally:
             for h in hashes:
                 backend.client.delete(backend.counter_key(h))

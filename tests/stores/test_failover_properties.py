@@ -383,10 +383,15 @@ def test_a_counter_dies_at_the_fence_in_either_clock(redis: FaultyRedis, offset:
     before it is absorbed, one at it is refused and takes the row path."""
     d = driver_on(redis, offset=offset)
     key = d.add_key(TASK, "clocks", FlightOptions(wait=2.0, lease=10.0))
+    counter_key = d.backend.counter_key(key.hash)
+    assert not merged(d.trigger(key, 1))
+    # a flight's first trigger makes no counter; its second (on the row path: nothing to
+    # merge into) joins the flight and makes it
+    assert row(key)["counter_until"] is None and not redis.admin.exists(counter_key)
     assert not merged(d.trigger(key, 1))
     until = to_us(row(key)["counter_until"])
     assert until is not None
-    counter = redis.admin.hgetall(d.backend.counter_key(key.hash))
+    counter = redis.admin.hgetall(counter_key)
     assert int(counter[b"x"]) == until + offset
     assert until == to_us(row(key)["due_at"]) + 3 * DIRECT
     # merges move the flight's due time (folded at the claim), so the fence moves with
@@ -411,7 +416,11 @@ def test_redis_loses_everything_with_flights_pending(redis: FaultyRedis, how: st
     d = driver_on(redis)
     opts = FlightOptions(wait=2.0, lease=30.0)
     keys = [d.add_key(TASK, f"lost-{i}", opts) for i in range(300)]
-    assert not any(merged(r) for r in d.trigger_many([(k, 1) for k in keys]))
+    # the first trigger of each flight makes no counter, the second makes it
+    for _ in range(2):
+        d.now += US // 10
+        assert not any(merged(r) for r in d.trigger_many([(k, 1) for k in keys]))
+    assert not d.backend.counted([k.hash for k in keys])
     for _ in range(2):
         d.now += US // 10
         assert all(merged(r) for r in d.trigger_many([(k, 1) for k in keys]))
@@ -422,10 +431,16 @@ def test_redis_loses_everything_with_flights_pending(redis: FaultyRedis, how: st
     for _ in range(150):  # half of them claimed and running, half with their message out
         d.deliver(0)
     assert len(d.running) == 150
-    for _ in range(2):  # new flights behind the live runs; merges into the others' counters
+    every = {k.hash for k in keys}
+    running = {r.key for r in d.running}
+    # new flights behind the live runs (their first trigger makes no counter, the second
+    # makes one, the third merges); the others' flights, their counters sealed by the take,
+    # get a counter of the new payload at once and merge from the second trigger on
+    for expected in (set(), every - running, every):
         d.now += US // 10
-        d.trigger_many([(k, 2) for k in keys])
-    assert sum(d.backend.counted([k.hash for k in keys]).values()) == 300
+        results = d.trigger_many([(k, 2) for k in keys])
+        assert {k.hash for k, r in zip(keys, results, strict=True) if merged(r)} == expected
+    assert sum(d.backend.counted([k.hash for k in keys]).values()) == 150 * 2 + 150
     d.check()
     if how == "restart":
         redis.stop()
@@ -458,12 +473,14 @@ def test_out_of_memory(redis: FaultyRedis) -> None:
     )
     for k in (key, other, held):
         assert not merged(d.trigger(k, 1))
+        assert not merged(d.trigger(k, 1))  # the flight's second trigger makes its counter
         assert merged(d.trigger(k, 1))
     redis.out_of_memory()
     assert not merged(d.trigger(key, 1)), "a trigger merged while Redis refused writes"
     assert not merged(d.trigger(fresh, 1))
-    assert d.cancel(other) == 2, "cancel under OOM: seal runs there"
+    assert d.cancel(other) == 3, "cancel under OOM: seal runs there"
     assert row(held)["counter_until"] is not None
+    assert row(held)["pending"] == 2  # its third trigger is in the counter, not the row
     d.now = max(to_us(row(k)["due_at"]) for k in (key, fresh, held)) + US // 10  # type: ignore[type-var]
     assert to_us(row(held)["counter_until"]) > d.now  # type: ignore[operator]
     taken = d.take()
@@ -474,8 +491,8 @@ def test_out_of_memory(redis: FaultyRedis) -> None:
     while d.pool:
         decision = d.deliver(0)
         claims[decision.claim.key_hash] = decision.claim
-    assert claims[key.hash].triggers == 3  # the row's 2 and the counter's 1, folded
-    assert claims[held.hash].triggers == 2  # folded by the take's seal, under OOM
+    assert claims[key.hash].triggers == 4  # the row's 3 and the counter's 1, folded
+    assert claims[held.hash].triggers == 3  # the counter's 1 folded by the take's seal, under OOM
     while d.running:
         d.finish(0)
     d.check()
@@ -514,10 +531,14 @@ def test_claims_wait_for_the_fence(redis: FaultyRedis, how: str) -> None:
     key, running, flushed = (d.add_key(TASK, f"{how}-{i}", opts) for i in range(3))
     for k in (key, running, flushed):
         assert not merged(d.trigger(k, 1))
+        assert not merged(d.trigger(k, 1))  # the flight's second trigger makes its counter
         assert merged(d.trigger(k, 1))
     d.now = to_us(row(running)["due_at"]) + US // 10  # past what the merge moved it to
     assert d.run_due(running).action == FireAction.CLAIM  # sealed while Redis is healthy
-    assert not merged(d.trigger(running, 1))  # a new flight behind the live run
+    # a new flight behind the live run: its second trigger makes its counter
+    assert not merged(d.trigger(running, 1))
+    assert row(running)["counter_until"] is None
+    assert not merged(d.trigger(running, 1))
     if how == "down":
         redis.stop()
     else:
@@ -540,7 +561,7 @@ def test_claims_wait_for_the_fence(redis: FaultyRedis, how: str) -> None:
     assert DebounceRun.objects.filter(outcome=DebounceRun.Outcome.SUCCESS).count() == 1
     # past the fences every step goes on without Redis
     d.now = max(fences.values())  # type: ignore[type-var]
-    assert d.cancel(running) == 1, "cancel past the fence did not go on"
+    assert d.cancel(running) == 2, "cancel past the fence did not go on"
     d.drain()
     d.check_end()
     for run in runs:
@@ -572,7 +593,10 @@ def evicting(redis: FaultyRedis) -> None:
     d = driver_on(redis)
     opts = FlightOptions(wait=2.0, lease=60.0)
     keys = [d.add_key(TASK, f"lru-{i}", opts) for i in range(KEYS)]
-    d.trigger_many([(k, 1) for k in keys])  # a counter each
+    for _ in range(2):  # a counter each, made by each flight's second trigger
+        assert not any(merged(r) for r in d.trigger_many([(k, 1) for k in keys]))
+        d.now += 1000
+    assert redis.admin.exists(*(d.backend.counter_key(k.hash) for k in keys)) == KEYS
     d.check()
     size = int(redis.admin.memory_usage(d.backend.counter_key(keys[0].hash)) or 0)
     redis.evicting(room=-(size * KEYS) // 2)  # room for about half of the counters
@@ -637,8 +661,11 @@ def test_redis_paused_longer_than_a_counter_life(redis: FaultyRedis) -> None:
         key, late, opener = (d.add_key(TASK, f"paused-{i}", opts) for i in range(3))
         for k in (key, late):
             assert not merged(d.trigger(k, 1))
+            assert not merged(d.trigger(k, 1))  # the flight's second trigger makes its counter
             assert merged(d.trigger(k, 1))
-        # `opener`: a row-path trigger whose process pauses before its open
+        # `opener`: a row-path trigger (its flight's second, so it makes a counter) whose
+        # process pauses before its open
+        assert not merged(d.trigger(opener, 1))
         backend.holding = True
         assert not merged(d.trigger(opener, 1))
         backend.holding = False
@@ -648,7 +675,7 @@ def test_redis_paused_longer_than_a_counter_life(redis: FaultyRedis) -> None:
         redis.pause()
         # a trigger: its merge times out, it takes the row path
         assert not merged(d.trigger(key, 1))
-        assert row(key)["pending"] == 2
+        assert row(key)["pending"] == 3  # the row's 2 and this one; the counter's 1 unsealed
         # the claim of `key` at its due time waits for the fence
         due = to_us(row(key)["due_at"])
         wait_for(lambda: db_now() >= due, message="the flight's due time")
@@ -707,10 +734,12 @@ def test_a_late_open_is_refused(redis: FaultyRedis, fence: str) -> None:
     d = driver_on(redis, cls=HeldOpens)
     backend = d.backend
     key = d.add_key(TASK, f"late-open-{fence}", FlightOptions(wait=2.0, lease=30.0))
+    assert not merged(d.trigger(key, 1))  # the flight's first trigger makes no counter
     backend.holding = True
-    assert not merged(d.trigger(key, 1))
+    assert not merged(d.trigger(key, 1))  # its second makes one: its open is held
     backend.holding = False
     held = list(backend.held)
+    assert len(held) == 1 and d.clock.calls["open"] == 0  # type: ignore[attr-defined]
     counter_key = backend.counter_key(key.hash)
     assert not redis.admin.exists(counter_key)
     d.now = to_us(row(key)["due_at"])
@@ -742,8 +771,9 @@ def test_pumps_killed_and_racing(redis: FaultyRedis) -> None:
         d = driver_on(redis)
         opts = FlightOptions(wait=3.0, lease=60.0)  # flights wait in the due index
         keys = [d.add_key(TASK, f"pump-{i}", opts) for i in range(300)]
-        d.trigger_many([(k, 1) for k in keys])
-        d.now += US // 10
+        for _ in range(2):  # each flight's second trigger makes its counter
+            assert not any(merged(r) for r in d.trigger_many([(k, 1) for k in keys]))
+            d.now += US // 10
         assert all(merged(r) for r in d.trigger_many([(k, 1) for k in keys]))
         d.now += 4 * US
         assert not d.pool
@@ -770,3 +800,5 @@ def test_pumps_killed_and_racing(redis: FaultyRedis) -> None:
         d.check_end()
         claims = DebounceRun.objects.filter(debounce_key__key_hash__in=[k.hash for k in keys])
         assert claims.count() == 300
+        # the counts the killed pump sealed were read again from their tombstones
+        assert set(claims.values_list("triggers", flat=True)) == {3}
