@@ -33,10 +33,11 @@ def _signal_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
             continue
         if isinstance(value, (set, frozenset)):
             value = sorted(value, key=repr)
-        try:
-            json.dumps(value)
-        except (TypeError, ValueError):
-            continue
+        if value is not None and type(value) not in (bool, str):  # those always encode
+            try:
+                json.dumps(value)
+            except (TypeError, ValueError):
+                continue
         out[name] = value
     return out
 
