@@ -125,15 +125,12 @@ def pumped(published: int, again: int, seconds: float) -> None:
         metrics.tick.observe(seconds)
 
 
-def _load_metrics() -> Metrics | None:
-    try:
-        import prometheus_client
-    except ImportError:
-        return None
-    return Metrics(prometheus_client)
-
-
-metrics: Metrics | None = _load_metrics()
+try:
+    import prometheus_client
+except ImportError:
+    metrics: Metrics | None = None
+else:
+    metrics = Metrics(prometheus_client)
 
 
 def _send(signal: Any, name: str, sender: Any, **kwargs: Any) -> None:

@@ -242,11 +242,6 @@ class Bucket(Func):
         return days, [*params, origin, self.width]
 
 
-def adapt_time(ops: Any, value: datetime) -> Any:
-    """``value`` (aware) as the database adapter stores it under either ``USE_TZ``."""
-    return ops.adapt_datetimefield_value(dbtime.to_db(value))
-
-
 def percentile_positions(n: int, fraction: float) -> tuple[int, int, float]:
     """1-based row numbers of the two values around the ``fraction`` percentile of ``n``
     sorted values, and the interpolation weight of the upper one (as ``percentile_cont``)."""
@@ -266,7 +261,7 @@ def offset_percentiles(
     qn = connection.ops.quote_name
     table = qn(DebounceRun._meta.db_table)
     hint = f" INDEXED BY {qn(SQLITE_DELAY_INDEX)}"
-    bounds = [adapt_time(connection.ops, t) for t in (since, until)]
+    bounds = [connection.ops.adapt_datetimefield_value(dbtime.to_db(t)) for t in (since, until)]
     terms: list[str] = []
     params: list[Any] = []
     wanted: list[tuple[TaskSummary, str, float]] = []

@@ -84,29 +84,24 @@ def db_reuse_max(app: Any) -> Any:
     return app.conf.get("CELERY_DB_REUSE_MAX")
 
 
-def worker_stats() -> dict[str, Any]:
-    """What this worker's pump did (the ``debounce_stats`` remote
-    control command answers with it; ``debounce_status --pumps`` asks every worker)."""
-    with stats.lock:
-        return {
-            "published": stats.published,
-            "taken_again": stats.again,
-            "released": stats.released,
-            "ticks": stats.ticks,
-            "last_tick_seconds": round(stats.last_tick_seconds, 6),
-            "capped_queues": sorted(stats.capped),
-            "pump": bool(conf.get("PUMP")),
-        }
-
-
 def register_control() -> None:
-    """Register the ``debounce_stats`` remote control command (``celery inspect`` style)."""
+    """Register the ``debounce_stats`` remote control command (``celery inspect`` style):
+    what this worker's pump did (``debounce_status --pumps`` asks every worker)."""
     from celery.worker.control import inspect_command
 
     @inspect_command(name="debounce_stats")  # type: ignore[misc]
     def debounce_stats(state: Any, **kwargs: Any) -> dict[str, Any]:
         """django-debounce: the pump's published and re-taken counts and tick time."""
-        return worker_stats()
+        with stats.lock:
+            return {
+                "published": stats.published,
+                "taken_again": stats.again,
+                "released": stats.released,
+                "ticks": stats.ticks,
+                "last_tick_seconds": round(stats.last_tick_seconds, 6),
+                "capped_queues": sorted(stats.capped),
+                "pump": bool(conf.get("PUMP")),
+            }
 
 
 def add_step(sender: Any = None, instance: Any = None, **kwargs: Any) -> None:
