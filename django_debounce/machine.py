@@ -190,6 +190,11 @@ class KeyModel:
     def _reindex(self) -> None:
         self.entry = self._attention()
 
+    def _untake(self) -> None:
+        """No message of the flight is out: the index holds it."""
+        self.taken = False
+        self.taken_at = None
+
     def _schedule(self, at: int, now: int) -> Msg | None:
         """The flight is due at ``at``: within ``direct`` of now its message goes out at once
         (marked taken, returned for the caller to publish); otherwise it waits in the index."""
@@ -198,9 +203,16 @@ class KeyModel:
             self.taken = True
             self.taken_at = max(at, now)
             return Msg(seq, max(at - now, 0))
-        self.taken = False
-        self.taken_at = None
+        self._untake()
         return None
+
+    def _close_flight(self) -> None:
+        """No flight is open any more: nothing pending, no payload, no times."""
+        self.pending = 0
+        self.payload = None
+        self.first = self.anchor = self.bound = self.due = None
+        self.due_fixed = False
+        self.attempted = 0
 
     def _end_run(self) -> None:
         self.running_until = None
@@ -252,8 +264,7 @@ class KeyModel:
             self.payload = copy.deepcopy(run_payload)
             self.due = now
             self.due_fixed = False
-            self.taken = False
-            self.taken_at = None
+            self._untake()
             self.attempted = 0
         else:
             assert self.first is not None and self.run_first is not None
@@ -376,8 +387,7 @@ class KeyModel:
             self.attempt = 0
             self.attempted = 0
             self.not_before = None
-            self.taken = False
-            self.taken_at = None
+            self._untake()
         self.pending += 1
         self.triggers += 1
         self.last = now
@@ -391,19 +401,15 @@ class KeyModel:
             full = len(items) >= cfg.collect_limit
         else:
             self.payload = payload
+        if max_wait is not None and self.anchor is not None:
+            self.bound = _min(self.bound, self.anchor + max_wait)
         if self.due_fixed and not opened:
             assert self.due is not None
             due = self.due
-            if max_wait is not None and self.anchor is not None:
-                self.bound = _min(self.bound, self.anchor + max_wait)
         elif self.due_fixed or full:
             due = now
-            if max_wait is not None and self.anchor is not None:
-                self.bound = _min(self.bound, self.anchor + max_wait)
         else:
             assert self.anchor is not None
-            if max_wait is not None:
-                self.bound = _min(self.bound, self.anchor + max_wait)
             due = now + wait
             if self.bound is not None:
                 due = min(due, self.bound)
@@ -478,8 +484,7 @@ class KeyModel:
             return True
         if not self.taken or self.seq != seq:
             return False
-        self.taken = False
-        self.taken_at = None
+        self._untake()
         self._reindex()
         return True
 
@@ -498,8 +503,7 @@ class KeyModel:
             self._reindex()
             return FireOut("drop")
         if self.pending == 0:
-            self.taken = False
-            self.taken_at = None
+            self._untake()
             self._reindex()
             return FireOut("drop")
         assert self.due is not None
@@ -511,8 +515,7 @@ class KeyModel:
             return FireOut("rearm", dispatch=msg)
         if self._live() and not cfg.overlap:
             # the finishing run schedules this flight; the live run's lease end is indexed
-            self.taken = False
-            self.taken_at = None
+            self._untake()
             self._reindex()
             return FireOut("wait")
         claim, follow = self._claim(now, seq)
@@ -578,8 +581,7 @@ class KeyModel:
         self.merged += claimed - 1
         self.attempt = 0
         self.not_before = None
-        self.taken = False
-        self.taken_at = None
+        self._untake()
         self.last_run_at = now
         claim = self.run_claim()
         follow = None
@@ -596,14 +598,7 @@ class KeyModel:
                 assert self.due is not None
                 follow = self._schedule(self.due, now)
         else:
-            self.pending = 0
-            self.payload = None
-            self.first = None
-            self.anchor = None
-            self.bound = None
-            self.due = None
-            self.due_fixed = False
-            self.attempted = 0
+            self._close_flight()
         return claim, follow
 
     def current(self, run_id: int) -> bool:
@@ -716,8 +711,7 @@ class KeyModel:
         else:
             self.due = now
         if self._live() and not self.cfg.overlap:
-            self.taken = False
-            self.taken_at = None
+            self._untake()
             msg = None
         elif self.due > now:
             msg = self._schedule(self.due, now)
@@ -736,16 +730,11 @@ class KeyModel:
         dropped = self.pending
         if dropped:
             self.cancelled += dropped
-            self.pending = 0
-            self.payload = None
-            self.first = self.anchor = self.bound = self.due = None
-            self.due_fixed = False
+            self._close_flight()
             self.attempt = 0
-            self.attempted = 0
             self.not_before = None
             self._next_seq(now)  # any message out is now stale
-            self.taken = False
-            self.taken_at = None
+            self._untake()
         self._reindex()
         return dropped
 
