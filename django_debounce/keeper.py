@@ -38,14 +38,12 @@ class _Tracked:
 
 
 class LeaseKeeper(Ticker):
-    """Extends the leases of the live debounced runs of one worker (``pool``: the worker's
-    pool, used to terminate a run whose lease cannot be renewed)."""
+    """Extends the leases of the live debounced runs of one worker."""
 
     NAME = "lease keeper"
 
-    def __init__(self, pool: Any = None) -> None:
+    def __init__(self) -> None:
         super().__init__()
-        self.pool = pool
         self.tracked: dict[str, _Tracked] = {}
         self.unstoppable: set[str] = set()  # requests it could not stop (logged once each)
 

@@ -56,7 +56,7 @@ class Metrics:
             buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5),
         )
         try:
-            prometheus.REGISTRY.register(IndexCollector(prometheus))
+            prometheus.REGISTRY.register(IndexCollector())
         except ValueError:  # registered already (a second Metrics in one process)
             pass
 
@@ -74,9 +74,6 @@ class IndexCollector:
     (never on a timer: an idle worker does not pay for it): per task, the index depth
     (``django_debounce_index_depth``), the entries due now (``django_debounce_index_due``) and
     how late the oldest due entry is (``django_debounce_index_oldest_due_seconds``)."""
-
-    def __init__(self, prometheus: Any) -> None:
-        self.prometheus = prometheus
 
     def describe(self) -> list[Any]:
         return []

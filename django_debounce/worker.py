@@ -43,7 +43,7 @@ class DebounceStep(bootsteps.StartStopStep):
 
     def start(self, worker: Any) -> None:
         self._warn(worker)
-        self.keeper = LeaseKeeper(pool=worker.pool)
+        self.keeper = LeaseKeeper()
         self.keeper.start()
         if conf.get("PUMP"):
             self.pump = Pump(app=worker.app)
