@@ -43,9 +43,6 @@ class RunTable:
         os.ftruncate(self.fd, slots * SIZE)
         self._mine: tuple[int, int] | None = None  # (pid, slot) of this process
 
-    def close(self) -> None:
-        os.close(self.fd)
-
     # -- slots ------------------------------------------------------------------------------
 
     def _lock(self, slot: int, blocking: bool = True) -> bool:
