@@ -48,8 +48,6 @@ def bar_chart(
     runs: Sequence[int],
     labels: Sequence[str],
     *,
-    width: int = 760,
-    height: int = 180,
     caption: str = "",
     note: str = "",
 ) -> SafeString:
@@ -58,6 +56,7 @@ def bar_chart(
     ``caption`` is the chart's accessible name; ``note`` is printed at its top right (such as
     the time zone of the labels).
     Returns an inline ``<svg>`` element, safe to put in a template."""
+    width, height = 760, 180
     left, right, top, bottom = 48.0, 8.0, 22.0, 22.0
     plot_w, plot_h = width - left - right, height - top - bottom
     peak = max([*triggers, *runs, 1])
@@ -92,15 +91,9 @@ def bar_chart(
     return mark_safe("".join(parts))  # every text in it is escaped above
 
 
-def sparkline(
-    triggers: Sequence[int],
-    runs: Sequence[int],
-    labels: Sequence[str],
-    *,
-    width: int = 144,
-    height: int = 28,
-) -> SafeString:
+def sparkline(triggers: Sequence[int], runs: Sequence[int], labels: Sequence[str]) -> SafeString:
     """A small ``bar_chart`` without axes, for a table cell."""
+    width, height = 144, 28
     parts = [
         f'<svg class="debounce-sparkline" width="{width}" height="{height}" '
         f'viewBox="0 0 {width} {height}" role="img" aria-label="triggers and runs over time">'
