@@ -218,8 +218,7 @@ class DatabaseBackend(BaseBackend):
     def peek(self, task_names, *, now=None):
         if task_names is not None and not task_names:
             return None
-        first = self._entries(task_names).order_by("due_at").values_list("due_at", flat=True)[:1]
-        got = next(iter(first), None)
+        got = self._entries(task_names).order_by("due_at").values_list("due_at", flat=True).first()
         if got is None:
             return None
         return (to_us(got) - self.rows().clock(now)) / US  # type: ignore[operator]
@@ -262,8 +261,7 @@ class DatabaseBackend(BaseBackend):
                 if dispatch is not None:
                     dispatches.append(dispatch)
             rows.write_many([(r, True) for r in records], at)
-            first = self._entries(names).order_by("due_at").values_list("due_at", flat=True)[:1]
-            left = next(iter(first), None)
+            left = self._entries(names).order_by("due_at").values_list("due_at", flat=True).first()
         next_in = None if left is None else (to_us(left) - at) / US  # type: ignore[operator]
         return Taken(dispatches, again, next_in)
 
@@ -397,13 +395,12 @@ class DatabaseBackend(BaseBackend):
         if not runs:
             return []
         rows = self.rows()
-        results: dict[int, float | None] = {}
+        results: list[float | None] = [None] * len(runs)
         order = sorted(range(len(runs)), key=lambda i: (runs[i].key_hash, runs[i].seq))
         with rows.atomic():
             at = rows.clock(now)
             for i in order:
                 live: LiveRun = runs[i]
-                results[i] = None
                 record = rows.lock(live.key_hash, config(live.options))
                 if record is None:
                     continue
@@ -411,7 +408,7 @@ class DatabaseBackend(BaseBackend):
                 if until is not None:
                     results[i] = (until - at) / US
                     rows.write(record, at)
-        return [results[i] for i in range(len(runs))]
+        return results
 
     # -- operators -----------------------------------------------------------------------------
 
