@@ -92,10 +92,9 @@ def summarize(
     page: int | str | None = 1,
     per_page: int = PER_PAGE,
     now: datetime | None = None,
-    using: str | None = None,
 ) -> Summary:
     """Aggregate the runs that started in the last ``period`` (a key of ``PERIODS``), per task,
-    in the database ``using`` (default: the router's for reading runs; PostgreSQL or SQLite).
+    in the database the router reads runs from (PostgreSQL or SQLite).
 
     ``page`` (1-based) selects ``per_page`` tasks, most triggers first, as Django's
     ``Paginator.get_page`` does (the last page past the end, the first for a value that is no
@@ -104,7 +103,7 @@ def summarize(
     """
     if period not in PERIODS:
         raise ValueError(f"period must be one of {', '.join(PERIODS)}, not {period!r}")
-    alias = using or router.db_for_read(DebounceRun)
+    alias = router.db_for_read(DebounceRun)
     postgresql = connections[alias].vendor == "postgresql"
     length, width = PERIODS[period]
     until = now or dbtime.now()

@@ -548,7 +548,6 @@ class DebouncedTask(Task):
             )
         except Exception:
             logger.exception("django_debounce: could not re-publish a dispatch message")
-        return None
 
     def fire(self, hashed: str, seq: int | None, *, in_worker: bool = True) -> Any:
         """Handle one dispatch message (``seq=None``: in-process, no fencing); returns the body's
