@@ -24,7 +24,7 @@ class _ForkGuard:
     """Ticks in progress hold it; a fork of this process waits until none does, and no tick
     starts from the moment a fork waits until it is done (a reader-writer lock whose writer,
     ``fork()``, goes first: back-to-back ticks never starve it). A long tick (a pump batch
-    loop) asks ``pending()`` between batches and ends early."""
+    loop) asks ``fork_pending()`` between batches and ends early."""
 
     def __init__(self) -> None:
         self._reset()
@@ -33,9 +33,6 @@ class _ForkGuard:
         self._cond = threading.Condition(threading.Lock())
         self._holders: dict[int, int] = dict(keep or {})  # thread ident -> nested holds
         self._forks = 0  # forks waiting or under way (two threads may fork at once)
-
-    def pending(self) -> bool:
-        return self._forks > 0
 
     @contextmanager
     def holding(self) -> Iterator[None]:
@@ -88,7 +85,7 @@ def fork_pending() -> bool:
     """Whether a fork of this process waits for the ticks in progress (SQLite projects): a
     tick that loops over batches ends after the current one, and the next starts after the
     fork."""
-    return _fork_guard.pending()
+    return _fork_guard._forks > 0
 
 
 def _uses_sqlite() -> bool:
