@@ -96,14 +96,13 @@ class LeaseKeeper(Ticker):
             # run it says is not live then had been claimed, so it is lost (or has finished).
             before = self._claimed(items)
             asked = time.time()
+            failed = False
             try:
                 ends = backend.extend([item[3] for item in items])
             except Exception as exc:
                 logger.warning("django_debounce: could not extend leases (%s)", exc)
                 ends = [None] * len(items)
                 failed = True
-            else:
-                failed = False
             answered = time.time()
             for (request, task, message, _run), end in zip(items, ends, strict=True):
                 tracked = self.tracked[request.id]
