@@ -132,6 +132,11 @@ class DebouncedTask(Task):
             raise ImproperlyConfigured("DEBOUNCE_LEASE must be more than 0 seconds.")
         return lease
 
+    @property
+    def collect_limit(self) -> int | None:
+        """Most items one run of a collecting task receives; ``None`` when not collecting."""
+        return self.debounce_collect_limit if self.debounce_collect else None
+
     def flight_options(self) -> FlightOptions:
         """The task's configuration as the stores need it (read when used, so
         ``override_settings`` of ``DEBOUNCE_DEFAULT_WAIT`` and ``DEBOUNCE_LEASE`` applies).
@@ -150,7 +155,7 @@ class DebouncedTask(Task):
             leading=self.debounce_leading,
             trailing=self.debounce_trailing,
             overlap=self.debounce_overlap,
-            collect_limit=self.debounce_collect_limit if self.debounce_collect else None,
+            collect_limit=self.collect_limit,
             collect_bytes=int(conf.get("MAX_BATCH_PAYLOAD")) if self.debounce_collect else None,
             lease=self.lease,
         )
