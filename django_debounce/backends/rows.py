@@ -88,7 +88,6 @@ def q(name: str) -> str:
 
 KEY = q(DebounceKey._meta.db_table)
 DUE = q(DebounceDue._meta.db_table)
-DUE_FIELD = {f.column: f for f in DebounceDue._meta.concrete_fields}
 DUE_COLUMNS = ("key_hash", "task_name", "due_at")
 UPSERT_DUE_TAIL = (
     f"ON CONFLICT ({q('key_hash')}) DO UPDATE SET {q('due_at')} = EXCLUDED.{q('due_at')}"
@@ -499,8 +498,11 @@ class Rows:
             return FIELD[column].get_db_prep_save(value, connections[self.alias])
         return value
 
-    def _time(self, us: int, times: dict[int | None, Any]) -> Any:
-        """The time ``us`` prepared for the database, kept in ``times``."""
+    def _time(self, us: int | None, times: dict[int, Any]) -> Any:
+        """The time ``us`` (microseconds, or ``None``) prepared for the database, kept in
+        ``times``."""
+        if us is None:
+            return None
         if us not in times:
             times[us] = self._prep("due_at", to_dt(us))
         return times[us]
@@ -571,16 +573,10 @@ class Rows:
             self._execute(statements)
         return True
 
-    def _new_row(self, record: Record, now: int, times: dict[int | None, Any]) -> dict[str, Any]:
+    def _new_row(self, record: Record, now: int, times: dict[int, Any]) -> dict[str, Any]:
         """Every column of a ``blank`` record's row after its step, prepared (one column set
         for every new row). ``times``: prepared times by microseconds, shared by the rows
         of one ``write_many`` (an import's rows share most of theirs)."""
-        if None not in times:
-            times[None] = self._prep("created_at", datetime.now(UTC))
-
-        def at(us: int | None) -> Any:
-            return None if us is None else times[us] if us in times else self._time(us, times)
-
         k = record.key
         assert not record.new_runs and not record.ended, "a new row claims no run"
         values = {
@@ -588,17 +584,17 @@ class Rows:
             "key": record.key_text,
             "task_name": record.task_name,
             "overlap": k.cfg.overlap,
-            "created_at": times[None],
-            "updated_at": at(now),
+            "created_at": self._time(now, times),  # the step's time, in the database's clock
+            "updated_at": self._time(now, times),
         }
         for attr, col in FIELDS.items():
             value = getattr(k, attr)
             if value is not None and (attr in TIMES or col in JSON_COLUMNS):
-                value = at(value) if attr in TIMES else self._prep(col, value)
+                value = self._time(value, times) if attr in TIMES else self._prep(col, value)
             values[col] = value
         values["state"] = record.state()
         values["counter_id"] = record.counter_id
-        values["counter_until"] = at(record.counter_until)
+        values["counter_until"] = self._time(record.counter_until, times)
         values["last_outcome"] = record.last_outcome or ""
         return values
 
@@ -635,7 +631,6 @@ class Rows:
         value every row shares is sent once, only the others row by row (an import's
         openings share all but the key and payload). Returns the number of rows inserted."""
         conn = connections[self.alias]
-        fields = FIELD if table == KEY else DUE_FIELD
         same = [column.count(column[0]) == len(column) for column in zip(*rows, strict=True)]
         vary = [i for i, s in enumerate(same) if not s] or [0]
         cells, n = [], 0
@@ -644,8 +639,8 @@ class Rows:
             if i in vary:
                 n += 1
                 cell = f"v.column{n}"
-            if self.pg:
-                cell = f"CAST({cell} AS {fields[col].db_type(conn)})"
+            if self.pg:  # VALUES alone would guess text; varchar(n) would cut a long value
+                cell = f"CAST({cell} AS {FIELD[col].db_type(conn).partition('(')[0]})"
             cells.append(cell)
         once = [rows[0][i] for i in range(len(cols)) if i not in vary and rows[0][i] is not None]
         width = max(1, ((conn.features.max_query_params or 65535) - len(once)) // len(vary))
@@ -670,7 +665,7 @@ class Rows:
         groups: dict[tuple[int, str], list[list]] = {}
         new: list[dict[str, Any]] = []
         due: list[list] = []
-        times: dict[int | None, Any] = {}
+        times: dict[int, Any] = {}
         for record, reindex in records:
             self._lost(record)
             if record.pk is None:
