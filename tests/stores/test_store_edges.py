@@ -723,3 +723,27 @@ def test_steps_of_one_key_on_a_server_side_binding_cursor(store, server_side_bin
     run = DebounceRun.objects.get(flight_id=1)
     assert (run.triggers, run.outcome) == (2, "success")
     assert DebounceKey.objects.get(key_hash=H).state == "idle"
+
+
+# == a batch's new rows: one statement, and the columns' own limits ==========================
+
+
+def test_a_batch_of_new_rows_refuses_a_value_its_column_cannot_hold(store):
+    """The rows ``trigger_many`` makes go out in one ``INSERT ... SELECT FROM VALUES``; a task
+    name longer than its column raises there as a plain ``INSERT`` would, and is never
+    written cut (a cut name's flight would be stranded: the pump takes entries by name)."""
+    from django.db import DataError
+
+    from django_debounce.models import DebounceDue, DebounceKey
+
+    backend = get_backend()
+    long_name = "testapp." + "x" * 300
+    items = [(f"edge:{i}", hashed(i), dumps([i])) for i in range(3)]
+    if backend.rows().pg:
+        with pytest.raises(DataError):
+            backend.trigger_many(task_name=long_name, items=items, options=opts())
+        assert not DebounceKey.objects.exists() and not DebounceDue.objects.exists()
+    got = backend.trigger_many(task_name=TASK, items=items, options=opts())
+    assert [r.pending for r, _ in got] == [1, 1, 1]
+    assert set(DebounceKey.objects.values_list("key_hash", flat=True)) == {h for _, h, _ in items}
+    assert DebounceDue.objects.filter(task_name=TASK).count() == 3
