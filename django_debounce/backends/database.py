@@ -105,7 +105,8 @@ class DatabaseBackend(BaseBackend):
         payload = json.loads(payload_json)
         for _again in range(3):
             with rows.step():
-                record, at = rows.lock_or_create(key_hash, key, task_name, cfg, now)
+                record, at = rows.lock_at(key_hash, cfg, now)
+                record = record or rows.blank(key_hash, key, task_name, cfg)
                 self.settle(rows, [record], at, mode="trigger")
                 result, dispatch, merge = self._apply_trigger(record, at, payload)
                 self.opened(rows, [record], at, context)

@@ -444,15 +444,6 @@ class Rows:
             text += f" ORDER BY k.{q('key_hash')}"
         return {r.key_hash: r for r in self._fetch(text, list(key_hashes), cfgs)[0]}
 
-    def lock_or_create(
-        self, key_hash: str, key: str, task_name: str, cfg: Config, now: datetime | None
-    ) -> tuple[Record, int]:
-        """The record of ``key_hash``, made first when there is none, and the step's time."""
-        record, at = self.lock_at(key_hash, cfg, now)
-        if record is None:
-            record = self.blank(key_hash, key, task_name, cfg)
-        return record, at
-
     def blank(self, key_hash: str, key: str, task_name: str, cfg: Config) -> Record:
         """The record of a key that has no row yet: ``write`` inserts it."""
         k = KeyModel(cfg, self.retake, self.direct, exists=True)

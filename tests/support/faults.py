@@ -50,14 +50,18 @@ class RedisClock:
 
 
 class ClockedScript:
-    """A registered script called with the Redis clock's time as its ``now`` argument."""
+    """A registered script called with the Redis clock's time as its ``now`` argument: in a
+    pipeline (``client`` given) here, else by its client's ``evalsha`` (``clocked``), which
+    the store calls directly."""
 
     def __init__(self, name: str, script: Any, clock: RedisClock) -> None:
         self.name = name
         self.script = script
+        self.sha = script.sha
         self.clock = clock
 
-    def __call__(self, keys: Any = None, args: Any = None, client: Any = None) -> Any:
+    def timed(self, args: Any) -> list[Any]:
+        """``args`` with the Redis clock's time as the script's ``now``; counts the call."""
         args = list(args or [])
         i = NOW_ARG[self.name]
         self.clock.calls[self.name] += 1
@@ -68,7 +72,27 @@ class ClockedScript:
             # fake clock when it runs
             base = int(args[i]) if args[i] != "" and self.name != "open" else fake
             args[i] = str(base + self.clock.offset)
-        return self.script(keys=keys, args=args, client=client)
+        return args
+
+    def __call__(self, keys: Any = None, args: Any = None, client: Any = None) -> Any:
+        if client is None:  # through the client's evalsha, which gives the time
+            return self.script(keys=keys, args=args)
+        return self.script(keys=keys, args=self.timed(args), client=client)
+
+
+def clocked(client: redis.Redis, scripts: dict[str, ClockedScript]) -> None:
+    """Make ``client.evalsha`` give ``scripts`` the Redis clock's time."""
+    by_sha = {script.sha: script for script in scripts.values()}
+    plain = client.__dict__.setdefault("plain_evalsha", client.evalsha)  # one clock per client
+
+    def evalsha(sha: str, numkeys: int, *keys_and_args: Any) -> Any:
+        script = by_sha.get(sha)
+        if script is not None:
+            args = script.timed(keys_and_args[numkeys:])
+            keys_and_args = (*keys_and_args[:numkeys], *args)
+        return plain(sha, numkeys, *keys_and_args)
+
+    client.evalsha = evalsha  # type: ignore[method-assign]
 
 
 def store_on(
@@ -89,8 +113,10 @@ def use(backend: RedisBackend, client: redis.Redis, clock: RedisClock | None) ->
     backend.__dict__["client"] = client
     backend.__dict__.pop("scripts", None)
     scripts = RedisBackend.scripts.func(backend)  # type: ignore[attr-defined]
+    client.__dict__.pop("evalsha", None)  # the clock of an earlier use() goes
     if clock is not None:
         scripts = {name: ClockedScript(name, s, clock) for name, s in scripts.items()}
+        clocked(client, scripts)
     backend.__dict__["scripts"] = scripts
 
 
