@@ -41,19 +41,12 @@ def parse(value: str) -> timedelta:
         parsed = None
     if parsed is None or parsed < timedelta(0):
         raise ValueError(f"{value!r} is not a duration: use {ACCEPTED}.")
-    _check_clock(value)
+    clock = _CLOCK.fullmatch(value.strip())  # minutes or seconds past 59, hours past 23
+    if clock is not None:  # after a number of days: out of range
+        first, *rest = (int(field) for field in clock.groups()[1:] if field is not None)
+        if any(field > 59 for field in rest) or (clock["days"] and len(rest) == 2 and first > 23):
+            raise ValueError(
+                f"{value!r} is not a duration: in HH:MM:SS minutes and seconds run from 00 to 59 "
+                f"(and hours to 23 after a number of days); use {ACCEPTED}."
+            )
     return parsed
-
-
-def _check_clock(value: str) -> None:
-    """Raise ``ValueError`` when the clock of ``value`` has a field out of range: minutes or
-    seconds past 59, or hours past 23 after a number of days."""
-    match = _CLOCK.fullmatch(value.strip())
-    if match is None:
-        return
-    first, *rest = (int(field) for field in match.groups()[1:] if field is not None)
-    if any(field > 59 for field in rest) or (match["days"] and len(rest) == 2 and first > 23):
-        raise ValueError(
-            f"{value!r} is not a duration: in HH:MM:SS minutes and seconds run from 00 to 59 "
-            f"(and hours to 23 after a number of days); use {ACCEPTED}."
-        )

@@ -21,6 +21,7 @@ import pytest
 import redis
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
+from django.db import transaction
 from django.test import override_settings
 from django.utils import timezone
 
@@ -158,6 +159,30 @@ def test_a_merged_trigger_writes_no_row_and_the_next_take_folds_it(backend, uniq
     )
     assert decision.action is FireAction.CLAIM
     assert (decision.claim.triggers, decision.claim.payload) == (4, [unique_tag])
+
+
+def test_a_counter_made_in_a_callers_transaction_waits_for_its_commit(backend, unique_tag):
+    """Fence 1 inside the caller's transaction (``on_commit=False``): the counter a flight's
+    second trigger makes is made when the outermost transaction commits; one rolled back
+    leaves none, so a later trigger cannot merge into a counter of a flight that never was."""
+    h = hashed(record_slow, unique_tag)  # wait 60 s
+    t0 = timezone.now()
+    with pytest.raises(RuntimeError), transaction.atomic():
+        trig(backend, record_slow, unique_tag, t0)
+        result, _ = trig(backend, record_slow, unique_tag, t0 + timedelta(seconds=1))
+        assert result.pending == 2 and row_values(h)["counter_id"] > 0
+        assert counter(backend, h) == {}, "a counter made before the row's commit"
+        raise RuntimeError("roll back")
+    assert counter(backend, h) == {}
+    assert not DebounceKey.objects.filter(key_hash=h).exists()
+    result, _ = trig(backend, record_slow, unique_tag, t0 + timedelta(seconds=2))
+    assert result.pending == 1  # the row path opened a flight: nothing merged anywhere
+    with transaction.atomic():
+        trig(backend, record_slow, unique_tag, t0 + timedelta(seconds=3))
+        assert counter(backend, h) == {}
+    assert int(counter(backend, h)["i"]) == row_values(h)["counter_id"]  # made at the commit
+    result, _ = trig(backend, record_slow, unique_tag, t0 + timedelta(seconds=4))
+    assert result.pending == 3 and counter(backend, h)["n"] == "1"
 
 
 def test_the_claim_folds_what_the_counter_counted(backend, unique_tag):
