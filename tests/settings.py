@@ -6,7 +6,9 @@ other test fails at once with ``NO_SERVERS`` (``clean_redis_state`` in tests/con
 never skips.
 """
 
+import atexit
 import os
+import shutil
 import tempfile
 from urllib.parse import urlparse
 
@@ -90,10 +92,11 @@ if DB_VENDOR == "postgresql":
         }
     }
 elif DB_VENDOR == "sqlite":
-    path = os.environ.setdefault(
-        "DEBOUNCE_TEST_SQLITE_PATH",
-        os.path.join(tempfile.mkdtemp(prefix="debounce-sqlite-"), "test.sqlite3"),
-    )
+    path = os.environ.get("DEBOUNCE_TEST_SQLITE_PATH", "")
+    if not path:  # this process's own file (its workers inherit the path), removed at its exit
+        folder = tempfile.mkdtemp(prefix="debounce-sqlite-")
+        atexit.register(shutil.rmtree, folder, True)
+        path = os.environ["DEBOUNCE_TEST_SQLITE_PATH"] = os.path.join(folder, "test.sqlite3")
     DATABASES = {
         "default": {
             "ENGINE": "django.db.backends.sqlite3",
