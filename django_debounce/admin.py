@@ -359,7 +359,7 @@ class DebounceKeyAdmin(ReadOnlyAdmin):
         fmt = "%b %d" if width.days else "%b %d %H:%M" if length.days > 1 else "%H:%M"
         # Buckets, period and chart in the zone Django shows times in, named on the page.
         labels = [admin_times.local(start).strftime(fmt) for start in data.bucket_starts]
-        zone = admin_times.zone_name()
+        zone = str(admin_times.zone())
         keys = reverse(
             "admin:django_debounce_debouncekey_changelist", current_app=self.admin_site.name
         )

@@ -21,11 +21,6 @@ def zone() -> tzinfo:
     return timezone.get_current_timezone() if settings.USE_TZ else timezone.get_default_timezone()
 
 
-def zone_name() -> str:
-    """The name of ``zone()``, such as ``"America/New_York"`` or ``"UTC"``."""
-    return str(zone())
-
-
 def local(value: datetime) -> datetime:
     """``value`` (an aware ``datetime``) in ``zone()``, aware."""
     return timezone.localtime(value, zone())
@@ -34,7 +29,7 @@ def local(value: datetime) -> datetime:
 def labelled(text: Any) -> str:
     """``text`` followed by the zone's name, such as ``"started (America/New_York)"``, lazily:
     a heading built once names the zone of each request that shows it."""
-    return format_lazy("{} ({})", text, lazy(zone_name, str)())
+    return format_lazy("{} ({})", text, lazy(lambda: str(zone()), str)())
 
 
 def time_column(field: models.Field, empty: str) -> Callable[[Any], str]:

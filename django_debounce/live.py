@@ -5,14 +5,11 @@ may lag). The admin and ``debounce_status`` show them.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 
 from django_debounce.backends import get_backend
 from django_debounce.backends.redis import redis_configured
 from django_debounce.models import DebounceKey
-
-logger = logging.getLogger("django_debounce")
 
 
 def refresh(rows: Sequence[DebounceKey]) -> None:
@@ -25,11 +22,7 @@ def refresh(rows: Sequence[DebounceKey]) -> None:
     held = [row for row in rows if row.pending and row.counter_until is not None]
     if not held or not redis_configured():
         return
-    try:
-        counted = get_backend("redis").counted([row.key_hash for row in held])  # type: ignore[attr-defined]
-    except Exception:  # the page still shows the row when Redis is down
-        logger.warning("django_debounce: live counts from Redis unavailable", exc_info=True)
-        return
+    counted = get_backend("redis").counted([row.key_hash for row in held])  # type: ignore[attr-defined]
     for row in held:
         n = counted.get(row.key_hash, 0)
         if n:

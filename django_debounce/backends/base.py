@@ -225,7 +225,8 @@ class BaseBackend:
     def due_keys(
         self, now: datetime | None = None, task_names: Sequence[str] | None = None
     ) -> list[tuple[str, str]]:
-        """``(task_name, key_hash)`` of keys whose flight is due at ``now`` (for ``run_due``)."""
+        """``(task_name, key_hash)`` of keys whose row says their flight is due at ``now``
+        (for ``run_due``; on the Redis store a counter's merges may make it due later)."""
         raise NotImplementedError
 
     # -- reading -------------------------------------------------------------------------------

@@ -11,6 +11,8 @@ from __future__ import annotations
 import base64
 import hashlib
 import logging
+import os
+import threading
 import time
 from collections.abc import Sequence
 from functools import cached_property
@@ -59,10 +61,23 @@ def options_of(fp: str | bytes) -> tuple[int, int | None]:
 
 def redis_errors() -> tuple[type[BaseException], ...]:
     """What a Redis call may raise when Redis cannot take it (any error reply included: the
-    row path is always safe)."""
-    from redis.exceptions import RedisError
+    row path is always safe; a cluster's errors, one that cannot be reached among them)."""
+    from redis.exceptions import RedisClusterException, RedisError
 
-    return (RedisError, OSError)
+    return (RedisError, RedisClusterException, OSError)
+
+
+_marks = threading.local()
+
+
+def merge_mark() -> list[Any]:
+    """This thread's mark for its next merge: ``[field, number]``, a field name of its own
+    (a new one in a forked child) and a number that grows with each merge (merge.lua)."""
+    pid, field, number = getattr(_marks, "last", (0, "", 0))
+    if pid != os.getpid():
+        pid, field, number = os.getpid(), "m" + base64.b64encode(os.urandom(9)).decode(), 0
+    _marks.last = (pid, field, number + 1)
+    return [field, number + 1]
 
 
 class RedisBackend(DatabaseBackend):
@@ -155,25 +170,27 @@ class RedisBackend(DatabaseBackend):
         error of that call. A script Redis lost (a restart) is loaded again."""
         from redis.exceptions import NoScriptError, RedisClusterException
 
-        script = self.scripts[name]
         if len(calls) == 1 or not self.pipelines_scripts:
             out: list[Any] = []
             for key, args in calls:
                 try:  # EVALSHA itself: redis-py's Script call measured 6-13 us slower
-                    try:
-                        out.append(self.client.evalsha(script.sha, 1, key, *args))
+                    try:  # (the client is made on first use: a cluster connects then)
+                        out.append(self.client.evalsha(self.scripts[name].sha, 1, key, *args))
                     except NoScriptError:  # Redis lost it (a restart): Script loads it again
-                        out.append(script(keys=[key], args=args))
+                        out.append(self.scripts[name](keys=[key], args=args))
                 except redis_errors() as exc:
                     self._failed(name, exc)
                     out.append(exc)
             return out
         try:
-            pipe = self.client.pipeline(transaction=False)
+            script, pipe = self.scripts[name], self.client.pipeline(transaction=False)
             for key, args in calls:
                 script(keys=[key], args=args, client=pipe)
             replies = list(pipe.execute(raise_on_error=False))
-        except RedisClusterException:
+        except RedisClusterException as exc:
+            if type(exc) is not RedisClusterException:  # a cluster that cannot be reached
+                self._failed(name, exc)
+                return [exc] * len(calls)
             # redis-py before 6 refuses scripts in a cluster pipeline: one call at a time
             self.pipelines_scripts = False
             return self._calls(name, calls)
@@ -197,11 +214,20 @@ class RedisBackend(DatabaseBackend):
     ) -> list[tuple[int, int, int, int] | None]:
         """Run **merge** for each ``(key_hash, fingerprint)`` in one pipeline; ``None`` for an
         item Redis did not answer (and for every item while backing off)."""
+        from redis.exceptions import ResponseError
+
         if self.backing_off():
             return [None] * len(items)
         at = "" if now is None else str(to_us(now))
-        calls = [(self.counter_key(hashed), [fp, at]) for hashed, fp in items]
+        calls = [(self.counter_key(hashed), [fp, at, *merge_mark()]) for hashed, fp in items]
         replies = self._calls("merge", calls)
+        # no reply (a dropped connection, a timeout): it may have counted; sent again with its
+        # mark, it answers as it did (fence 6), so the row path never counts it twice
+        lost = [i for i, r in enumerate(replies) if isinstance(r, Exception)]
+        lost = [i for i in lost if not isinstance(replies[i], ResponseError)]
+        if lost:
+            for i, reply in zip(lost, self._calls("merge", [calls[i] for i in lost]), strict=True):
+                replies[i] = reply
         return [None if isinstance(r, Exception) else tuple(r) for r in replies]
 
     def trigger(self, *, task_name, key, key_hash, payload_json, options, now=None):
@@ -352,47 +378,9 @@ class RedisBackend(DatabaseBackend):
 
     # -- reading -------------------------------------------------------------------------------
 
-    def fold_counted(self, rows: Rows, records: Sequence[Record], now: int) -> None:
-        """Fold into ``records`` what their counters counted, without sealing them: a view of
-        each key as a step would find it (the records are never written)."""
-        todo = [r for r in records if r.counter_until is not None and r.key.pending]
-        if not todo:
-            return
-        try:
-            redis_now = 0
-            if rows.now_given is None:
-                seconds, micros = self.client.time()
-                redis_now = int(seconds) * US + int(micros)
-            pipe = self.client.pipeline(transaction=False)
-            for record in todo:
-                pipe.hmget(self.counter_key(record.key_hash), "i", "n", "t", "s", "f")
-            replies = pipe.execute()
-        except redis_errors():
-            return
-        for record, (cid, n, t, sealed, fp) in zip(todo, replies, strict=True):
-            if not n or sealed or int(n) <= 0 or int(cid) > record.counter_id:
-                continue
-            last = int(t) if rows.now_given is not None else now - (redis_now - int(t))
-            record.key.fold(int(n), last, *options_of(fp))
-
-    def due_keys(self, now=None, task_names=None):
-        rows = self.rows()
-        at = rows.clock(now)
-        out = []
-        for task_name, hashed in super().due_keys(now, task_names):
-            record = rows.read(hashed, None)
-            if record is None:
-                continue
-            self.fold_counted(rows, [record], at)
-            if record.key.is_due(at):
-                out.append((task_name, hashed))
-        return out
-
     def counted(self, key_hashes: Sequence[str]) -> dict[str, int]:
         """Triggers the counters of ``key_hashes`` absorbed and no step folded yet (derived:
         may lag, and is empty when Redis cannot be reached)."""
-        if not key_hashes:
-            return {}
         try:
             pipe = self.client.pipeline(transaction=False)
             for hashed in key_hashes:

@@ -30,7 +30,7 @@ from django_debounce.backends.redis import RedisBackend, fingerprint, key_id
 from django_debounce.checks import check_backend
 from django_debounce.keys import dumps, key_hash
 from django_debounce.models import DebounceDue, DebounceKey, DebounceRun
-from django_debounce.state import FireAction, FlightOptions
+from django_debounce.state import Finish, FireAction, FlightOptions
 from tests.support.call_options import PER_CALL, other_value, resolve
 from tests.support.procs import trigger_from_processes
 from tests.support.servers import RedisServer
@@ -326,8 +326,12 @@ def test_open_refuses_past_its_expiry_and_below_a_tombstone(backend, unique_tag)
     assert opened(100, now - 1) == 0
     assert not backend.client.exists(name)
     assert opened(100, now + 10 * US) == 1
-    assert merge(keys=[name], args=[fp, now + 1])[:3] == [1, 1, 2]
-    assert merge(keys=[name], args=[fp, now + 10 * US])[0] == 0  # x reached: no merge
+    mark = ["mthread", 7]  # a thread's mark field and the number of its merge
+    assert merge(keys=[name], args=[fp, now + 1, *mark])[:3] == [1, 1, 2]
+    # the same merge sent again (its reply was lost): the same answer, counted once
+    assert merge(keys=[name], args=[fp, now + 1, *mark])[:3] == [1, 1, 2]
+    assert counter(backend, h)["n"] == "1"
+    assert merge(keys=[name], args=[fp, now + 10 * US, "mthread", 8])[0] == 0  # x reached
     assert opened(100, now + 10 * US) == 0  # the same id again
     assert opened(99, now + 10 * US) == 0  # an older one
 
@@ -335,18 +339,22 @@ def test_open_refuses_past_its_expiry_and_below_a_tombstone(backend, unique_tag)
     assert counter(backend, h)["n"] == "1"
     got = seal(keys=[name], args=[100, 5 * US, now + 3])
     assert got == [1, 2, fp.encode()]  # one trigger, counted 2 us before the seal
-    # the tombstone keeps what the seal read
-    tombstone = {"i": "100", "s": "1", "x": str(now + 3 + 5 * US)}
+    # the tombstone keeps what the seal read, and the merges' marks
+    tombstone = {"i": "100", "s": "1", "x": str(now + 3 + 5 * US), "g": "1", "p": "1"}
+    tombstone["mthread"] = "7"
     assert counter(backend, h) == tombstone | {"n": "1", "t": str(now + 1), "f": fp}
     assert 0 < backend.client.pttl(name) <= 5 * 1000 + 1000
     # a seal of the same id again (its step did not commit) reads the same trigger again
     assert seal(keys=[name], args=[100, 5 * US, now + 4]) == [1, 3, fp.encode()]
     assert seal(keys=[name], args=[101, 5 * US, now + 5]) == [0]  # a later id: nothing
-    assert counter(backend, h) == {"i": "101", "s": "1", "x": str(now + 5 + 5 * US)}
+    assert counter(backend, h) == tombstone | {"i": "101", "x": str(now + 5 + 5 * US)}
+    # a merge sent again after the seal finds its mark: counted (in the sealed flight)
+    assert merge(keys=[name], args=[fp, now + 5, *mark])[0] == 1
+    assert merge(keys=[name], args=[fp, now + 5, "mthread", 9])[0] == 0  # a new one is not
     # a late open of the sealed id (or an older one) changes nothing; a later id opens
     assert opened(101, now + 10 * US) == 0
     assert opened(50, now + 10 * US) == 0
-    assert merge(keys=[name], args=[fp, now + 5])[0] == 0  # a tombstone absorbs nothing
+    assert merge(keys=[name], args=[fp, now + 5, "mother", 1])[0] == 0  # absorbs nothing
     assert counter(backend, h)["s"] == "1"
     assert opened(102, now + 10 * US) == 1
     assert counter(backend, h)["i"] == "102" and "s" not in counter(backend, h)
@@ -576,6 +584,126 @@ def test_redis_url_gives_the_store_a_redis_of_its_own(backend_name, tmp_path, un
         assert own.hget(backend.counter_key(h), "s") == b"1"  # the claim sealed it
     finally:
         server.stop()
+
+
+# -- lost replies -------------------------------------------------------------------------------
+
+
+class LosingConnection(redis.connection.Connection):
+    """A connection to the real Redis that, once armed, reads Redis's reply to the next
+    command and then raises ``ConnectionError`` (a reset connection, or a timeout after Redis
+    ran the command). ``meanwhile`` runs first: what other processes do before the client
+    sees the failure."""
+
+    armed = False
+    meanwhile = None
+
+    def read_response(self, *args, **kwargs):
+        reply = super().read_response(*args, **kwargs)
+        if LosingConnection.armed:
+            LosingConnection.armed = False
+            if LosingConnection.meanwhile is not None:
+                LosingConnection.meanwhile()
+            raise redis.exceptions.ConnectionError("the reply was lost (connection reset)")
+        return reply
+
+
+@pytest.fixture
+def losing():
+    """``(caller, worker)``: the Redis store of a web process whose connection loses a reply
+    once armed (``retries``: redis-py's own retries), and a worker's store."""
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    url = settings.REDIS_URL
+
+    def stores(retries: int) -> tuple[RedisBackend, RedisBackend]:
+        client = redis.Redis.from_url(
+            url, connection_class=LosingConnection, retry=Retry(NoBackoff(), retries)
+        )
+        caller = RedisBackend()
+        caller.__dict__["client"] = client
+        worker = RedisBackend()
+        worker.__dict__["client"] = redis.Redis.from_url(url)
+        return caller, worker
+
+    with override_settings(DEBOUNCE_BACKEND="redis", DEBOUNCE_REDIS_URL=url):
+        yield stores
+    LosingConnection.armed, LosingConnection.meanwhile = False, None
+
+
+@pytest.mark.parametrize("retries", [0, 1], ids=["store-retries", "redis-py-retries"])
+def test_a_merge_whose_reply_was_lost_counts_its_trigger_once(losing, unique_tag, retries):
+    """The merge ran in Redis and its reply was lost: sent again (by redis-py's retry, or by
+    the store), it finds its mark and answers as the first time; the row path never takes it
+    (which would count the trigger twice)."""
+    caller, worker = losing(retries)
+    h = hashed(record, unique_tag)  # wait 0.3 s
+    t0 = timezone.now()
+    trig(caller, record, unique_tag, t0)  # opens the flight on the row path
+    trig(caller, record, unique_tag, t0 + timedelta(seconds=0.1))  # makes the counter
+    LosingConnection.armed = True
+    result, _ = trig(caller, record, unique_tag, t0 + timedelta(seconds=0.2))
+    assert not LosingConnection.armed  # the merge ran and its reply was lost
+    assert (result.flight_id, result.pending) == (1, 3)
+    assert counter(caller, h)["n"] == "1"
+    assert row_values(h)["pending"] == 2  # not on the row too
+    decision = worker.fire(
+        h, None, task_name=record.name, options=record.flight_options(),
+        now=t0 + timedelta(seconds=0.6),
+    )  # fmt: skip
+    assert decision.action is FireAction.CLAIM
+    assert decision.claim.triggers == 3
+
+
+def test_a_merge_lost_while_a_worker_claims_its_flight_runs_once(losing, unique_tag):
+    """The merge ran and, before its caller learns it, a worker claims the flight (the seal
+    folds the merge): sent again, it finds its mark in the tombstone and is counted in that
+    run; no second flight opens for it."""
+    caller, worker = losing(0)
+    h = hashed(record, unique_tag)  # wait 0.3 s
+    opts = record.flight_options()
+    t0 = timezone.now()
+    trig(caller, record, unique_tag, t0)
+    trig(caller, record, unique_tag, t0 + timedelta(seconds=0.1))
+    claims = []
+
+    def worker_claims():
+        claims.append(
+            worker.fire(
+                h, None, task_name=record.name, options=opts, now=t0 + timedelta(seconds=0.6)
+            )  # fmt: skip
+        )
+
+    LosingConnection.armed, LosingConnection.meanwhile = True, worker_claims
+    result, dispatch = trig(caller, record, unique_tag, t0 + timedelta(seconds=0.2))
+    (claimed,) = claims
+    assert claimed.action is FireAction.CLAIM and claimed.claim.triggers == 3
+    assert (result.flight_id, dispatch) == (1, None)  # counted in the claimed flight
+    worker.finish(
+        h, claimed.claim.run_id, Finish(ok=True, started_at=claimed.claim.started_at),
+        task_name=record.name, options=opts, now=t0 + timedelta(seconds=0.7),
+    )  # fmt: skip
+    row = row_values(h)
+    assert (row["pending"], row["triggers"], row["runs"], row["state"]) == (0, 3, 1, "idle")
+    after = worker.fire(h, None, task_name=record.name, options=opts, now=t0 + timedelta(seconds=2))
+    assert after.action is not FireAction.CLAIM
+    assert DebounceRun.objects.filter(debounce_key__key_hash=h).count() == 1
+
+
+def test_a_cluster_that_cannot_be_reached_sends_triggers_to_the_rows(unique_tag):
+    """A process whose first use of a Redis Cluster finds no node (redis-py raises
+    ``RedisClusterException``, not a ``RedisError``): its triggers take the row path, one
+    deferred to a commit among them."""
+    nowhere = ["127.0.0.1:1"]  # nothing listens there
+    with override_settings(DEBOUNCE_BACKEND="redis", DEBOUNCE_REDIS_CLUSTER=nowhere):
+        t0 = timezone.now()
+        result, _ = trig(get_backend(), record_slow, unique_tag, t0)
+        assert result.pending == 1
+        with transaction.atomic():
+            assert record_slow.trigger(f"{unique_tag}-2").deferred
+        assert row_values(hashed(record_slow, unique_tag))["pending"] == 1
+        assert row_values(hashed(record_slow, f"{unique_tag}-2"))["pending"] == 1
 
 
 def test_a_redis_cluster_client_counts_and_folds(unique_tag):

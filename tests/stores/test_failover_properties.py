@@ -692,7 +692,7 @@ def test_redis_paused_longer_than_a_counter_life(redis: FaultyRedis) -> None:
             late_merge = threads.submit(
                 backend.scripts["merge"],
                 keys=[backend.counter_key(late.hash)],
-                args=[fp, ""],
+                args=[fp, "", "mlate", 1],
                 client=client_of(redis.url, timeout=60),
             )
             late_open = threads.submit(

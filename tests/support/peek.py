@@ -6,6 +6,8 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from django_debounce.backends.redis import options_of
+
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
@@ -27,7 +29,10 @@ def peek_redis(backend: Any, key_hash: str, cfg: Any) -> dict[str, Any] | None:
     view = peek_database(key_hash, cfg.collect)
     assert view is not None
     before = record.key.view()
-    backend.fold_counted(rows, [record], 0)
+    cid, n, t, sealed, fp = backend.client.hmget(backend.counter_key(key_hash), *"intsf")
+    if record.counter_until is not None and record.key.pending and n and not sealed:
+        if int(n) > 0 and int(cid) <= record.counter_id:
+            record.key.fold(int(n), int(t), *options_of(fp))
     after = record.key.view()
     for field in ("pending", "triggers", "last", "due", "bound"):
         if after[field] != before[field]:

@@ -4,7 +4,7 @@
 -- refuses merges and any late open of an id up to it, until ARGV[2] microseconds from now,
 -- and gives the same count to a seal of the same id again (its first step rolled back): a
 -- tombstone that keeps a count lives at least ARGV[4] microseconds (until the step's retry).
--- Flagged allow-oom: it works on a full Redis (it frees more than it writes).
+-- Flagged allow-oom: it works on a full Redis (it adds one field at most).
 -- KEYS[1] the counter; ARGV: id, tombstone life (us), now ("": TIME), kept count's life (us).
 -- Returns {count, age of the last counted trigger in us, fingerprint}; {0} when nothing
 -- was counted; {-1} when the key holds a later counter (nothing touched).
@@ -27,7 +27,8 @@ if cur and n and n > 0 and (not c[5] or cur == id) then
   out = {n, now - tonumber(c[3]), c[4]}
 end
 local life = math.max(tonumber(ARGV[2]), 0)
-redis.call('DEL', KEYS[1])
+-- the flight id, pending base and merge marks stay (a merge sent again finds its mark)
+redis.call('HDEL', KEYS[1], 'n', 't', 'f')
 redis.call('HSET', KEYS[1], 'i', id, 's', 1, 'x', now + life)
 if out[1] > 0 then
   redis.call('HSET', KEYS[1], 'n', out[1], 't', now - out[2], 'f', out[3])
