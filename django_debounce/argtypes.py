@@ -77,6 +77,9 @@ def decode(value: Any) -> Any:
         if len(value) == 2 and TYPE in value and VALUE in value:
             decoder = _DECODERS.get(value[TYPE])
             if decoder is not None and isinstance(value[VALUE], str):
-                return decoder(value[VALUE])
+                try:
+                    return decoder(value[VALUE])
+                except (ValueError, ArithmeticError):  # a dict of the caller's own, as sent
+                    pass
         return {k: decode(v) for k, v in value.items()}
     return value

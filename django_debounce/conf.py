@@ -108,9 +108,13 @@ def _count(least: int) -> Callable[[Any], bool]:
     return lambda value: isinstance(value, int) and not isinstance(value, bool) and value >= least
 
 
+def _url(value: Any) -> bool:
+    return isinstance(value, str) and value.startswith(("redis://", "rediss://", "unix://"))
+
+
 def _cluster(value: Any) -> bool:
     nodes = isinstance(value, (list, tuple)) and value and all(":" in str(n) for n in value)
-    return value is None or isinstance(value, str) or bool(nodes)
+    return value is None or _url(value) or bool(nodes)
 
 
 SWITCH = (
@@ -132,7 +136,7 @@ KINDS: dict[str, tuple[Callable[[Any], bool], str]] = {
         lambda v: isinstance(v, str) and bool(v) and "{" not in v and "}" not in v,
         "a non-empty str without braces",
     ),
-    "REDIS_URL": (lambda v: v is None or (isinstance(v, str) and "://" in v), "a redis:// URL"),
+    "REDIS_URL": (lambda v: v is None or _url(v), "a redis://, rediss:// or unix:// URL"),
     "REDIS_CLUSTER": (_cluster, "a list of 'host:port' startup nodes or a redis:// URL of one"),
     "CACHE_ALIAS": (lambda v: isinstance(v, str), "a cache alias (str)"),
 }

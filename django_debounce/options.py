@@ -242,6 +242,10 @@ def check_celery_options(options: dict[str, Any], *, known: tuple[str, ...] = ()
             f"Unknown option {name!r}: it is neither a django-debounce option nor a Celery "
             f"task option.{hint}"
         )
+    if len(str(options.get("name", ""))) > 255:  # DebounceKey.task_name
+        raise ImproperlyConfigured(
+            "name= of a debounced task has more than 255 characters, the most a store keeps."
+        )
     expires = options.get("expires")
     if expires is None:
         return

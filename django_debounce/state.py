@@ -191,7 +191,7 @@ class KeyStatus:
     - ``running``: a run of the key is live, holding its lease until ``lease_until``;
     - ``last_run_at``, ``last_outcome``: the last run's start and outcome (``success``,
       ``failure``, ``retry``, ``lost``, or ``""``);
-    - ``triggers``, ``runs``, ``merged``, ``cancelled``: the key's totals.
+    - ``triggers``, ``runs`` (retried and lost runs left out), ``merged``, ``cancelled``: totals.
     """
 
     key: str

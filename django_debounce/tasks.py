@@ -409,10 +409,14 @@ class DebouncedTask(Task):
     ) -> TriggerResult:
         """``result`` after publishing ``dispatch``, the message of a flight due within the
         pump interval: ``scheduled=False, publish_failed=True`` when the broker refused it
-        (the flight is back in the due index for a pump)."""
-        if dispatch is None or is_eager(self) or publish_or_release(self, backend, dispatch):
+        (the flight is back in the due index for a pump); ``scheduled=False`` under
+        ``task_always_eager``, which publishes nothing (the flight waits for ``run_due``)."""
+        if dispatch is None:
             return result
-        return dataclasses.replace(result, scheduled=False, publish_failed=True)
+        eager = is_eager(self)
+        if not eager and publish_or_release(self, backend, dispatch):
+            return result
+        return dataclasses.replace(result, scheduled=False, publish_failed=not eager)
 
     def before_send(self, resolved: list[tuple[str, Any, str]]) -> list[tuple[str, Any, str]]:
         """The triggers ``(key, payload, stored JSON)`` as they go to the store, in order (a
@@ -487,9 +491,13 @@ class DebouncedTask(Task):
         return self.get_backend().cancel(hashed, task_name=self.name, options=self.flight_options())
 
     def _key_of(self, args: tuple, kwargs: dict) -> str:
-        """The key that ``trigger(*args, **kwargs)`` would count under; for a collecting task
-        with the default key (the task name) no arguments are needed."""
-        if self.debounce_collect and self.debounce_key is None and not args and not kwargs:
+        """The key ``trigger(*args, **kwargs)`` counts under (of a whole collected batch)."""
+        if self.debounce_collect and self.debounce_key is None:
+            if args or kwargs:
+                raise TypeError(
+                    f"{self.name} collects every item under one key: flush(), cancel() and "
+                    "status() act on the whole batch and take no item."
+                )
             return self.name
         return self._resolve(args, kwargs)[0]
 

@@ -227,9 +227,9 @@ def check(p: Probe) -> list[str]:
 
 
 def timing(p: Probe) -> list[str]:
-    """When each run started, against the time the README's table gives it; returns what does
-    not hold. The runs cover the saves in order (``triggers`` each; with ``trailing=False`` the
-    saves between are dropped); a run's flight opens with its first save, which either
+    """When each run started, against the time docs/guide/modes.md's table gives it; returns what
+    does not hold. The runs cover the saves in order (``triggers`` each; with ``trailing=False``
+    the saves between are dropped); a run's flight opens with its first save, which either
     continues the stream (within ``wait`` of the save before, and, with ``max_wait``, within
     ``max_wait`` of the last run's start) or starts a new burst. A new burst runs at once with
     ``leading``; any other flight ``wait`` after its last save, at most ``max_wait`` after its
@@ -347,7 +347,7 @@ def table(probes: list[Probe]) -> str:
     lines.append(
         f"W = {W:g} s; bounded: max_wait = {modes.MAX_WAIT:g} s; collect: 8 rows, "
         f"collect_limit = {modes.COLLECT_LIMIT}; +ms: run start after the first save. Every "
-        f"start is checked against the time the README's table gives it (at most "
+        f"start is checked against the time docs/guide/modes.md's table gives it (at most "
         f"{LATE * 1000:.0f} ms late)."
     )
     for p in probes:

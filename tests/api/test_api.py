@@ -10,10 +10,11 @@ import pytest
 from celery import Task
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management import call_command
+from django.db.models.signals import post_save
 from django.test import override_settings
 from django.utils import timezone
 
-from django_debounce import debounced_task
+from django_debounce import debounced_receiver, debounced_task
 from django_debounce.checks import check_backend, sqlite_warnings
 from django_debounce.models import DebounceKey, DebounceRun
 from django_debounce.state import Finish, FlightOptions
@@ -384,6 +385,8 @@ def test_receiver_handler_without_kwargs_is_refused_at_decoration():
         ("DEBOUNCE_PUMP_INTERVAL", "x", "DEBOUNCE_PUMP_INTERVAL must be a number of seconds"),
         ("DEBOUNCE_ENABLED", "false", "DEBOUNCE_ENABLED must be True or False"),
         ("DEBOUNCE_ON_COMMIT", 1, "DEBOUNCE_ON_COMMIT must be True or False"),
+        ("DEBOUNCE_REDIS_URL", "http://x", "DEBOUNCE_REDIS_URL must be a redis://, rediss://"),
+        ("DEBOUNCE_REDIS_CLUSTER", "nonsense", "DEBOUNCE_REDIS_CLUSTER must be a list of"),
     ],
 )
 def test_check_e002_names_a_setting_of_the_wrong_kind(setting, value, text):
@@ -444,3 +447,42 @@ def test_check_w004_for_an_auto_cache_alias_that_is_not_in_caches():
         found = [(m.id, "nope" in m.msg) for m in check_backend()]
     assert found == [("django_debounce.W004", True)]
     assert check_backend() == []
+
+
+@debounced_task(wait=30, collect=True, name="tests.batch_default")
+def batch_default(items: list) -> None:
+    """Collects every item under its name (the default key); registered here only."""
+
+
+def test_a_task_name_longer_than_the_stores_keep_is_refused_when_declared():
+    with pytest.raises(ImproperlyConfigured, match="more than 255 characters"):
+
+        @debounced_task(name="tests." + "z" * 250)
+        def too_long() -> None:
+            """Never registered."""
+
+    with pytest.raises(ImproperlyConfigured, match="more than 255 characters"):
+
+        @debounced_receiver(post_save, sender=RunLog, name="tests." + "x" * 250)
+        def too_long_receiver(sender, **kwargs) -> None:
+            """Never connected."""
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_item_names_no_key_of_a_collecting_task_with_the_default_key(eager, store):
+    batch_default.trigger({"tag": "a"})
+    batch_default.trigger({"tag": "b"})
+    for call in (batch_default.flush, batch_default.cancel, batch_default.status):
+        with pytest.raises(TypeError, match="act on the whole batch"):
+            call({"tag": "a"})
+    assert batch_default.status().pending == 2  # nothing was dropped
+    assert batch_default.cancel() == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_eager_trigger_due_at_once_is_not_scheduled(eager, store):
+    """Under ``task_always_eager`` nothing is published: the flight waits for ``run_due``."""
+    result = record.trigger("now", debounce_wait=0)
+    assert (result.pending, result.scheduled, result.publish_failed) == (1, False, False)
+    assert not RunLog.objects.exists()
+    assert run_due() == 1

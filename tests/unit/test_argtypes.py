@@ -95,6 +95,11 @@ def test_values_that_only_look_like_an_envelope_are_left_alone():
         {"__type__": "mystery", "__value__": "x"},
         {"__type__": "uuid", "__value__": 5},
         {"__type__": "uuid", "__value__": "x", "other": 1},
+        # an envelope of a known type whose text is no such value: the caller's own dict
+        {"__type__": "uuid", "__value__": "not-a-uuid"},
+        {"__type__": "decimal", "__value__": "abc"},
+        {"__type__": "datetime", "__value__": "garbage"},
+        {"__type__": "timedelta", "__value__": "soon"},
     ]:
         assert round_trip(value) == value
 
