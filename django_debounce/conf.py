@@ -4,6 +4,7 @@ works."""
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -108,13 +109,14 @@ def _count(least: int) -> Callable[[Any], bool]:
     return lambda value: isinstance(value, int) and not isinstance(value, bool) and value >= least
 
 
-def _url(value: Any) -> bool:
-    return isinstance(value, str) and value.startswith(("redis://", "rediss://", "unix://"))
+def _url(value: Any, schemes: tuple[str, ...] = ("redis://", "rediss://", "unix://")) -> bool:
+    return isinstance(value, str) and value.lower().startswith(schemes)
 
 
 def _cluster(value: Any) -> bool:
-    nodes = isinstance(value, (list, tuple)) and value and all(":" in str(n) for n in value)
-    return value is None or _url(value) or bool(nodes)
+    nodes = isinstance(value, (list, tuple)) and bool(value)
+    nodes = nodes and all(re.fullmatch(r"[^:]*:\d+", str(n)) for n in value)
+    return value is None or _url(value, ("redis://", "rediss://")) or nodes
 
 
 SWITCH = (

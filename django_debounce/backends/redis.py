@@ -12,7 +12,6 @@ import base64
 import hashlib
 import logging
 import os
-import threading
 import time
 from collections.abc import Sequence
 from functools import cached_property
@@ -67,17 +66,14 @@ def redis_errors() -> tuple[type[BaseException], ...]:
     return (RedisError, RedisClusterException, OSError)
 
 
-_marks = threading.local()
+_free_marks: dict[int, list[list[Any]]] = {}  # by process: the merge marks no call holds
 
 
-def merge_mark() -> list[Any]:
-    """This thread's mark for its next merge: ``[field, number]``, a field name of its own
-    (a new one in a forked child) and a number that grows with each merge (merge.lua)."""
-    pid, field, number = getattr(_marks, "last", (0, "", 0))
-    if pid != os.getpid():
-        pid, field, number = os.getpid(), "m" + base64.b64encode(os.urandom(9)).decode(), 0
-    _marks.last = (pid, field, number + 1)
-    return [field, number + 1]
+def take_mark() -> list[Any]:
+    """A merge mark ``[field, number of its last merge]`` that no other call holds (merge.lua;
+    ``_merges`` gives it back). A forked child makes marks of its own."""
+    free = _free_marks.setdefault(os.getpid(), [])
+    return free.pop() if free else ["m" + base64.b64encode(os.urandom(9)).decode(), 0]
 
 
 class RedisBackend(DatabaseBackend):
@@ -149,7 +145,7 @@ class RedisBackend(DatabaseBackend):
         return int(round(GRACE_INTERVALS * conf.seconds_of("PUMP_INTERVAL") * US))
 
     # Seconds a failure of Redis sends triggers straight to the row path (no merge tried, no
-    # counter made), so a Redis that hangs costs one socket timeout, not one per trigger.
+    # counter made): a Redis that hangs costs one trigger's timeouts a second, not every one's.
     BACKOFF = 1.0
     pipelines_scripts = True  # False: the client cannot pipeline scripts (an old cluster client)
     _skip_until = 0.0
@@ -184,16 +180,13 @@ class RedisBackend(DatabaseBackend):
             return out
         try:
             script, pipe = self.scripts[name], self.client.pipeline(transaction=False)
-            for key, args in calls:
-                script(keys=[key], args=args, client=pipe)
+            try:
+                for key, args in calls:
+                    script(keys=[key], args=args, client=pipe)
+            except RedisClusterException:  # redis-py before 6 refuses scripts in its pipeline
+                self.pipelines_scripts = False
+                return self._calls(name, calls)
             replies = list(pipe.execute(raise_on_error=False))
-        except RedisClusterException as exc:
-            if type(exc) is not RedisClusterException:  # a cluster that cannot be reached
-                self._failed(name, exc)
-                return [exc] * len(calls)
-            # redis-py before 6 refuses scripts in a cluster pipeline: one call at a time
-            self.pipelines_scripts = False
-            return self._calls(name, calls)
         except redis_errors() as exc:
             self._failed(name, exc)
             return [exc] * len(calls)
@@ -212,22 +205,26 @@ class RedisBackend(DatabaseBackend):
     def _merges(
         self, items: Sequence[tuple[str, str]], now: Any
     ) -> list[tuple[int, int, int, int] | None]:
-        """Run **merge** for each ``(key_hash, fingerprint)`` in one pipeline; ``None`` for an
-        item Redis did not answer (and for every item while backing off)."""
-        from redis.exceptions import ResponseError
+        """Run **merge** for each ``(key_hash, fingerprint)`` in one pipeline, each a number of
+        one mark; a call whose reply was lost (a timeout or a dropped connection) is sent once
+        more (fence 6). ``None`` for an item Redis did not answer (and for every item while
+        backing off)."""
+        from redis import exceptions as rx
 
         if self.backing_off():
             return [None] * len(items)
         at = "" if now is None else str(to_us(now))
-        calls = [(self.counter_key(hashed), [fp, at, *merge_mark()]) for hashed, fp in items]
+        mark, calls = take_mark(), []
+        for hashed, fp in items:
+            mark[1] += 1
+            calls.append((self.counter_key(hashed), [fp, at, mark[0], mark[1]]))
         replies = self._calls("merge", calls)
-        # no reply (a dropped connection, a timeout): it may have counted; sent again with its
-        # mark, it answers as it did (fence 6), so the row path never counts it twice
-        lost = [i for i, r in enumerate(replies) if isinstance(r, Exception)]
-        lost = [i for i in lost if not isinstance(replies[i], ResponseError)]
+        dropped = (rx.ConnectionError, rx.TimeoutError)  # not their subclasses: never ran
+        lost = [i for i, r in enumerate(replies) if type(r) in dropped]
         if lost:
             for i, reply in zip(lost, self._calls("merge", [calls[i] for i in lost]), strict=True):
                 replies[i] = reply
+        _free_marks.setdefault(os.getpid(), []).append(mark)
         return [None if isinstance(r, Exception) else tuple(r) for r in replies]
 
     def trigger(self, *, task_name, key, key_hash, payload_json, options, now=None):

@@ -780,6 +780,8 @@ class StoreAgainstModel(RuleBasedStateMachine):
             want = {key.hash for key in self.keys if key.model.is_due(self.now)}
             if self.backend.name == "redis":  # the rows' due times: merges only move them later
                 assert want <= got, f"due_keys: store {got}, model {want}"
+                counted = self.backend.counted(sorted(got - want))
+                assert set(counted) == got - want, f"due_keys: {got - want} counted {counted}"
             else:
                 assert got == want, f"due_keys: store {got}, model {want}"
         for key in self.keys:

@@ -3,10 +3,10 @@
 -- A trigger on the Redis store (docs/design.md, "The counter and its fences"): absorbed by
 -- the key's counter when it is open (not sealed, its expiry `x` not reached) and takes this
 -- trigger's fingerprint (payload and options); else the trigger takes the row path.
--- Sent again (its reply lost), it finds its thread's mark (ARGV[3] >= ARGV[4]): counted once.
+-- Sent again (its reply lost), it finds its mark (ARGV[3] >= ARGV[4]) and counts nothing.
 -- Python twin: KeyModel.fold (django_debounce/machine.py) applies what it counted.
 -- KEYS[1] the counter; ARGV[1] fingerprint, ARGV[2] now in microseconds ("": Redis TIME),
--- ARGV[3] the thread's mark field, ARGV[4] this merge's number.
+-- ARGV[3] the caller's mark field, ARGV[4] this merge's number.
 -- Returns {1, flight id, pending base + count, now} when absorbed, else {0, 0, 0, now}.
 local now = tonumber(ARGV[2])
 if not now then

@@ -19,7 +19,7 @@ local cur = tonumber(redis.call('HGET', KEYS[1], 'i'))
 if cur and cur >= tonumber(ARGV[1]) then
   return 0
 end
-redis.call('HDEL', KEYS[1], 's', 't')
+redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1], 'i', ARGV[1], 'n', 0, 'f', ARGV[2], 'x', ARGV[3], 'g', ARGV[4], 'p', ARGV[5])
 redis.call('PEXPIRE', KEYS[1], math.floor((x - now) / 1000) + 1000)
 return 1
