@@ -656,6 +656,33 @@ def test_a_merge_whose_reply_was_lost_counts_its_trigger_once(losing, unique_tag
     assert decision.claim.triggers == 3
 
 
+def test_a_batch_whose_pipeline_reply_was_lost_counts_each_trigger_once(losing, unique_tag):
+    """``trigger_many``'s merges go in one pipeline; its replies lost after Redis ran every
+    merge, the store sends them again under the same mark: each counts once."""
+    caller, _worker = losing(0)
+    tags = [f"{unique_tag}-{i}" for i in range(3)]
+    t0 = timezone.now()
+    for i in range(2):  # each key: a flight and its counter
+        for tag in tags:
+            trig(caller, record_slow, tag, t0 + timedelta(seconds=i))
+    items = [
+        (key, key_hash(record_slow.name, key), dumps([tag]))
+        for tag in tags
+        for key in [record_slow.resolve((tag,), {})[0]]
+    ]
+    LosingConnection.armed = True
+    done = caller.trigger_many(
+        task_name=record_slow.name, items=items, options=record_slow.flight_options(),
+        now=t0 + timedelta(seconds=2),
+    )  # fmt: skip
+    assert not LosingConnection.armed  # the pipeline ran and its replies were lost
+    assert [(r.pending, d) for r, d in done] == [(3, None)] * 3
+    for tag in tags:
+        h = hashed(record_slow, tag)
+        assert counter(caller, h)["n"] == "1"
+        assert row_values(h)["pending"] == 2  # not on the row too
+
+
 def test_a_merge_lost_while_a_worker_claims_its_flight_runs_once(losing, unique_tag):
     """The merge ran and, before its caller learns it, a worker claims the flight (the seal
     folds the merge): sent again, it finds its mark in the tombstone and is counted in that
