@@ -192,8 +192,8 @@ class DebouncedTask(Task):
             payload = self._binder(args, kwargs)
         except TypeError as exc:
             raise TypeError(
-                f"{self.name}.trigger() takes the arguments of the task body "
-                f"{self._binder.sig}: {exc}"
+                f"{self.name} (trigger, status, flush, cancel) takes the arguments of the "
+                f"task body {self._binder.sig}: {exc}"
             ) from None
         encoded = dumps(payload)
         check_size(encoded, self.name)
