@@ -209,8 +209,6 @@ class RedisBackend(DatabaseBackend):
         one mark; a call whose reply was lost (a timeout or a dropped connection) is sent once
         more (fence 6). ``None`` for an item Redis did not answer (and for every item while
         backing off)."""
-        from redis import exceptions as rx
-
         if self.backing_off():
             return [None] * len(items)
         at = "" if now is None else str(to_us(now))
@@ -219,8 +217,12 @@ class RedisBackend(DatabaseBackend):
             mark[1] += 1
             calls.append((self.counter_key(hashed), [fp, at, mark[0], mark[1]]))
         replies = self._calls("merge", calls)
-        dropped = (rx.ConnectionError, rx.TimeoutError)  # not their subclasses: never ran
-        lost = [i for i, r in enumerate(replies) if type(r) in dropped]
+        lost: list[int] = []
+        if any(isinstance(r, Exception) for r in replies):
+            from redis import exceptions as rx
+
+            dropped = (rx.ConnectionError, rx.TimeoutError)  # not their subclasses: never ran
+            lost = [i for i, r in enumerate(replies) if type(r) in dropped]
         if lost:
             for i, reply in zip(lost, self._calls("merge", [calls[i] for i in lost]), strict=True):
                 replies[i] = reply

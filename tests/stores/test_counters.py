@@ -326,12 +326,12 @@ def test_open_refuses_past_its_expiry_and_below_a_tombstone(backend, unique_tag)
     assert opened(100, now - 1) == 0
     assert not backend.client.exists(name)
     assert opened(100, now + 10 * US) == 1
-    mark = ["mthread", 7]  # a thread's mark field and the number of its merge
+    mark = ["mcall", 7]  # a call's mark field and the number of its merge
     assert merge(keys=[name], args=[fp, now + 1, *mark])[:3] == [1, 1, 2]
     # the same merge sent again (its reply was lost): the same answer, counted once
     assert merge(keys=[name], args=[fp, now + 1, *mark])[:3] == [1, 1, 2]
     assert counter(backend, h)["n"] == "1"
-    assert merge(keys=[name], args=[fp, now + 10 * US, "mthread", 8])[0] == 0  # x reached
+    assert merge(keys=[name], args=[fp, now + 10 * US, "mcall", 8])[0] == 0  # x reached
     assert opened(100, now + 10 * US) == 0  # the same id again
     assert opened(99, now + 10 * US) == 0  # an older one
 
