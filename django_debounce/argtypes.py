@@ -16,13 +16,20 @@ from django.utils.functional import Promise
 TYPE, VALUE = "__type__", "__value__"
 
 
+class OutOfRange(ValueError):
+    """An aware ``datetime`` that has no UTC form (``datetime.max`` west of UTC)."""
+
+
 def _datetime(value: datetime.datetime) -> str:
     if value.utcoffset() is None:
         return value.isoformat()  # naive: as given (no zone to convert from)
     try:
         return value.astimezone(datetime.UTC).isoformat()
     except OverflowError:
-        raise ValueError(f"{value!r} is out of range in UTC") from None
+        raise OutOfRange(
+            f"django-debounce stores an aware datetime in UTC, and {value!r} has no UTC form "
+            "(it falls after year 9999 or before year 1 there): pass one within range."
+        ) from None
 
 
 def _timedelta(text: str) -> datetime.timedelta:

@@ -47,8 +47,7 @@ def get(name: str) -> Any:
     try:
         return _cache[name]
     except KeyError:
-        value = _cache[name] = getattr(settings, f"DEBOUNCE_{name}", DEFAULTS[name])
-        return value
+        return _cache.setdefault(name, getattr(settings, f"DEBOUNCE_{name}", DEFAULTS[name]))
 
 
 @receiver(setting_changed)
@@ -67,11 +66,13 @@ MIN_INTERVAL = 0.01
 MAX_SECONDS = 365 * 86400.0
 
 
-def seconds(value: Any, *, name: str, allow_none: bool = False) -> float | None:
+def seconds(
+    value: Any, *, name: str, allow_none: bool = False, positive: bool = False
+) -> float | None:
     """Normalise a duration given as seconds (int/float) or ``timedelta`` to float seconds.
 
-    Raises ``ImproperlyConfigured`` for negative, infinite, NaN or non-numeric values, and
-    for more than ``MAX_SECONDS`` (a year), naming ``name``.
+    Raises ``ImproperlyConfigured`` for negative (with ``positive``: zero too), infinite, NaN
+    or non-numeric values, and for more than ``MAX_SECONDS`` (a year), naming ``name``.
     """
     if value is None:
         if allow_none:
@@ -84,8 +85,9 @@ def seconds(value: Any, *, name: str, allow_none: bool = False) -> float | None:
             f"{name} must be a number of seconds (int or float) or a timedelta, "
             f"got {value!r} of type {type(value).__name__}."
         )
-    if not math.isfinite(value) or value < 0:
-        raise ImproperlyConfigured(f"{name} must be a finite number >= 0 seconds, got {value!r}.")
+    if not math.isfinite(value) or value < 0 or (positive and value == 0):
+        least = "> 0" if positive else ">= 0"
+        raise ImproperlyConfigured(f"{name} must be a finite number {least} seconds, got {value}.")
     if value > MAX_SECONDS:
         raise ImproperlyConfigured(
             f"{name} must be at most a year ({MAX_SECONDS:.0f} seconds), got {value!r}."
@@ -100,9 +102,10 @@ DURATIONS = ("DEFAULT_WAIT", "LEASE", "DISPATCH_GRACE", "PUMP_INTERVAL")
 def seconds_of(name: str) -> float:
     """The duration setting ``DEBOUNCE_<name>`` in seconds.
 
-    Raises ``ImproperlyConfigured`` naming the setting and the accepted forms.
+    Raises ``ImproperlyConfigured`` naming the setting and the accepted forms (a lease of
+    0 seconds included).
     """
-    return seconds(get(name), name=f"DEBOUNCE_{name}") or 0.0
+    return seconds(get(name), name=f"DEBOUNCE_{name}", positive=name == "LEASE") or 0.0
 
 
 def _count(least: int) -> Callable[[Any], bool]:
@@ -153,8 +156,6 @@ def problems() -> list[tuple[str, str]]:
             seconds_of(name)
         except ImproperlyConfigured as exc:
             out.append((f"DEBOUNCE_{name}", str(exc)))
-    if "DEBOUNCE_LEASE" not in dict(out) and seconds_of("LEASE") == 0:
-        out.append(("DEBOUNCE_LEASE", "DEBOUNCE_LEASE must be more than 0 seconds."))
     if "DEBOUNCE_PUMP_INTERVAL" not in dict(out) and seconds_of("PUMP_INTERVAL") < MIN_INTERVAL:
         out.append(
             (

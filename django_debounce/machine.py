@@ -339,9 +339,7 @@ class KeyModel:
         due = self.due
         if not self.due_fixed:
             due = now + wait if bound is None else min(now + wait, bound)
-        if self.not_before is not None:
-            due = max(due, self.not_before)
-        return due
+        return due if self.not_before is None else max(due, self.not_before)
 
     # -- operations -----------------------------------------------------------------------
 

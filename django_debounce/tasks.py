@@ -18,7 +18,6 @@ from asgiref.sync import sync_to_async
 from celery import Task, signature
 from celery.exceptions import Retry
 from celery.utils.time import get_exponential_backoff_interval
-from django.core.exceptions import ImproperlyConfigured
 from django.db import (
     DEFAULT_DB_ALIAS,
     InterfaceError,
@@ -127,10 +126,7 @@ class DebouncedTask(Task):
         limit = self.time_limit or self.app.conf.task_time_limit
         if limit:
             return float(limit) + LEASE_MARGIN
-        lease = conf.seconds_of("LEASE")
-        if not lease:
-            raise ImproperlyConfigured("DEBOUNCE_LEASE must be more than 0 seconds.")
-        return lease
+        return conf.seconds_of("LEASE")
 
     @property
     def collect_limit(self) -> int | None:

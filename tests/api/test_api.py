@@ -382,7 +382,8 @@ def test_receiver_handler_without_kwargs_is_refused_at_decoration():
     [
         ("DEBOUNCE_DISPATCH_GRACE", "1m", "DEBOUNCE_DISPATCH_GRACE must be a number of seconds"),
         ("DEBOUNCE_LEASE", "5m", "DEBOUNCE_LEASE must be a number of seconds"),
-        ("DEBOUNCE_LEASE", 0, "DEBOUNCE_LEASE must be more than 0 seconds"),
+        ("DEBOUNCE_LEASE", 0, "DEBOUNCE_LEASE must be a finite number > 0 seconds, got 0"),
+        ("DEBOUNCE_LEASE", -5, "DEBOUNCE_LEASE must be a finite number > 0 seconds, got -5"),
         ("DEBOUNCE_PUMP_INTERVAL", "x", "DEBOUNCE_PUMP_INTERVAL must be a number of seconds"),
         ("DEBOUNCE_ENABLED", "false", "DEBOUNCE_ENABLED must be True or False"),
         ("DEBOUNCE_ON_COMMIT", 1, "DEBOUNCE_ON_COMMIT must be True or False"),
