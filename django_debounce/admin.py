@@ -29,8 +29,18 @@ from django_debounce.summary import DEFAULT_PERIOD, PERIODS, summarize
 
 # Runs listed on a key's page (the rest are one click away, in the runs list).
 RECENT_RUNS = 20
-# Longer keys are cut in the runs list (whole in the tooltip and on the run's page).
+# Longer keys are cut in the lists (whole in the tooltip and on the key's or run's page).
 KEY_CHARS = 40
+
+
+def short_key(whole: str, task_name: str) -> str:
+    """A key for a list: without the task's name (a column of its own; default keys start
+    with ``"<task name>:"``), cut to ``KEY_CHARS`` characters with the whole key in its
+    tooltip."""
+    text = whole.removeprefix(f"{task_name}:")
+    if len(text) <= KEY_CHARS:
+        return text
+    return format_html('<span title="{}">{}…</span>', whole, text[: KEY_CHARS - 1])
 
 
 @admin.display(description=_("duration"))
@@ -114,7 +124,7 @@ class LiveChangeList(ChangeList):
 
 class DebounceKeyAdmin(ReadOnlyAdmin):
     list_display = (
-        "key",
+        "key_text",
         "task_name",
         "state",
         "live_pending",
@@ -273,6 +283,11 @@ class DebounceKeyAdmin(ReadOnlyAdmin):
             live.refresh([obj])
         return obj
 
+    @admin.display(description=_("key"), ordering="key")
+    def key_text(self, obj: DebounceKey) -> str:
+        """The key as ``short_key`` shows it (whole on the key's page)."""
+        return short_key(obj.key, obj.task_name)
+
     @admin.display(description=_("pending (live)"), ordering="pending")
     def live_pending(self, obj: DebounceKey) -> int:
         """Pending triggers now (the row's, and those a Redis counter absorbed)."""
@@ -423,14 +438,8 @@ class DebounceRunAdmin(ReadOnlyAdmin):
 
     @admin.display(description=_("key"), ordering="debounce_key__key")
     def key(self, obj: DebounceRun) -> str:
-        """The run's key without the task's name (a column of its own; default keys start with
-        ``"<task name>:"``), cut to ``KEY_CHARS`` characters with the whole key in its
-        tooltip."""
-        whole = obj.debounce_key.key
-        text = whole.removeprefix(f"{obj.task_name}:")
-        if len(text) <= KEY_CHARS:
-            return text
-        return format_html('<span title="{}">{}…</span>', whole, text[: KEY_CHARS - 1])
+        """The run's key as ``short_key`` shows it."""
+        return short_key(obj.debounce_key.key, obj.task_name)
 
     @admin.display(description=_("delay"), ordering="delay")
     def run_delay(self, obj: DebounceRun) -> str:

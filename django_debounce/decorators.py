@@ -53,9 +53,7 @@ def debounced_task(func: F | None = None, /, **options: Any) -> Any:
         base = task_base(celery_options.pop("base", None), DebouncedTask, "debounced_task")
         return shared_task(base=base, **debounce.task_attributes(), **celery_options)(fn)
 
-    if func is not None:
-        return decorate(func)
-    return decorate
+    return decorate(func) if func is not None else decorate
 
 
 def trigger_many(task: Any, payloads: Iterable[Any]) -> list[TriggerResult]:

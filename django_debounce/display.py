@@ -60,6 +60,4 @@ def ago(moment: datetime | None, now: datetime) -> str:
     if moment is None:
         return ""
     seconds = (now - moment).total_seconds()
-    if seconds < 1:
-        return "just now"
-    return f"{duration(seconds)} ago"
+    return "just now" if seconds < 1 else f"{duration(seconds)} ago"

@@ -172,9 +172,7 @@ def key_hash(task_name: str, key: str) -> str:
     keeps the same readable key of two tasks independent. Short keys are remembered, so a
     burst of triggers on one key hashes it once.
     """
-    if len(key) > 256:
-        return _sha256(task_name, key)
-    return _remembered(task_name, key)
+    return _sha256(task_name, key) if len(key) > 256 else _remembered(task_name, key)
 
 
 def _sha256(task_name: str, key: str) -> str:

@@ -29,9 +29,7 @@ def _min(a: int | None, b: int | None) -> int | None:
     """The smaller of two optional times (``None``: none)."""
     if a is None:
         return b
-    if b is None:
-        return a
-    return min(a, b)
+    return a if b is None else min(a, b)
 
 
 def union(first: list[Any], then: list[Any]) -> list[Any]:

@@ -176,9 +176,7 @@ class RunInfo:
 
     def heartbeat(self) -> bool:
         """Extend this run's lease; returns ``False`` when the run is no longer current."""
-        if self._heartbeat is None:
-            return True
-        return self._heartbeat()
+        return True if self._heartbeat is None else self._heartbeat()
 
 
 @dataclass(frozen=True)

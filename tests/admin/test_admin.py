@@ -107,9 +107,10 @@ def test_keys_of_a_removed_task_are_skipped_by_run_now_and_cancelled(operator, e
     assert not RunLog.objects.exists()
 
 
-def test_runs_list_shows_the_key_without_its_task_name(operator, eager, store):
-    """The task has a column of its own: the key column shows the key alone (the default key
-    starts with the task's name), a long one cut, whole in its tooltip."""
+def test_runs_and_keys_lists_show_the_key_without_its_task_name(operator, eager, store):
+    """The task has a column of its own: the key column of the runs and of the keys shows
+    the key alone (the default key starts with the task's name), a long one cut, whole in
+    its tooltip."""
     from datetime import timedelta
 
     from django_debounce import dbtime
@@ -131,4 +132,13 @@ def test_runs_list_shows_the_key_without_its_task_name(operator, eager, store):
     prefix = f"{record.name}:"
     assert short.startswith(prefix) and long.startswith(prefix)
     shown_long = long.removeprefix(prefix)[: KEY_CHARS - 1] + "…"
+    assert cells == {short.removeprefix(prefix): "", shown_long: long}
+    page = operator.get(reverse("admin:django_debounce_debouncekey_changelist"))
+    cells = {
+        html.unescape(re.sub(r"<[^>]+>", "", text)): html.unescape(title or "")
+        for title, text in re.findall(
+            r'<th class="field-key_text"><a [^>]*>(?:<span title="([^"]*)">)?(.*?)</a></th>',
+            page.content.decode(),
+        )
+    }
     assert cells == {short.removeprefix(prefix): "", shown_long: long}

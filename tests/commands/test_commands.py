@@ -141,6 +141,11 @@ def test_status_lists_pending_keys_with_live_counts(eager, store):
     assert "raise --limit to see them" in short
     assert "raise --limit" not in run("debounce_status", "--limit", "2")
     assert "…" in run("debounce_status")  # a long key is cut visibly
+    with private_task("tests." + "n" * 200, wait=3600) as long_named:
+        long_named.trigger("u")
+        table = run("debounce_status").splitlines()
+    assert any(line.startswith("tests.nnn") and "…" in line for line in table)
+    assert max(len(line) for line in table) < 200  # the long task name does not pad them all
 
 
 @pytest.mark.django_db(transaction=True)

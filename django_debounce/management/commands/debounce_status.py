@@ -107,9 +107,10 @@ class Command(BaseCommand):
             return
         header = ("task", "key", "state", "pending", "fires", "triggers", "runs", "merged")
         table: list[tuple[str, ...]] = [header]
-        for rec in records:
-            key = rec["key"] if len(rec["key"]) <= 60 else rec["key"][:59] + "…"
-            cells = {**rec, "key": key, "fires": rec["fires"] or "-"}
+        for rec in records:  # a long key or task name cut, so the columns stay readable
+            key, task = (text if len(text) <= n else text[: n - 1] + "…"
+                         for text, n in ((rec["key"], 60), (rec["task"], 40)))  # fmt: skip
+            cells = {**rec, "key": key, "task": task, "fires": rec["fires"] or "-"}
             table.append(tuple(str(cells[column]) for column in header))
         widths = [max(len(row[i]) for row in table) for i in range(len(header))]
         for row in table:
