@@ -13,11 +13,9 @@ from django.utils.dateparse import parse_duration
 from django.utils.duration import duration_iso_string
 from django.utils.functional import Promise
 
+from django_debounce.exceptions import UnsupportedArgument
+
 TYPE, VALUE = "__type__", "__value__"
-
-
-class OutOfRange(ValueError):
-    """An aware ``datetime`` that has no UTC form (``datetime.max`` west of UTC)."""
 
 
 def _datetime(value: datetime.datetime) -> str:
@@ -26,7 +24,7 @@ def _datetime(value: datetime.datetime) -> str:
     try:
         return value.astimezone(datetime.UTC).isoformat()
     except OverflowError:
-        raise OutOfRange(
+        raise UnsupportedArgument(
             f"django-debounce stores an aware datetime in UTC, and {value!r} has no UTC form "
             "(it falls after year 9999 or before year 1 there): pass one within range."
         ) from None

@@ -87,7 +87,9 @@ def seconds(
         )
     if not math.isfinite(value) or value < 0 or (positive and value == 0):
         least = "> 0" if positive else ">= 0"
-        raise ImproperlyConfigured(f"{name} must be a finite number {least} seconds, got {value}.")
+        raise ImproperlyConfigured(
+            f"{name} must be a finite number {least} seconds, got {value!r}."
+        )
     if value > MAX_SECONDS:
         raise ImproperlyConfigured(
             f"{name} must be at most a year ({MAX_SECONDS:.0f} seconds), got {value!r}."

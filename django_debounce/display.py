@@ -61,3 +61,8 @@ def ago(moment: datetime | None, now: datetime) -> str:
         return ""
     seconds = (now - moment).total_seconds()
     return "just now" if seconds < 1 else f"{duration(seconds)} ago"
+
+
+def cut(text: str, chars: int) -> str:
+    """``text`` cut to ``chars`` characters, the last of them "…" when it was cut."""
+    return text if len(text) <= chars else text[: chars - 1] + "…"

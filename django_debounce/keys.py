@@ -41,12 +41,12 @@ def dumps(value: Any) -> str:
     ``TypeError``) naming the type of the offending value when ``value`` holds any other,
     and ``ValueError`` for JSON no store can keep: a string with a NUL character (PostgreSQL
     refuses it), a lone surrogate (not UTF-8), nesting deeper than Python's recursion limit,
-    an integer longer than Python's ``int_max_str_digits`` (``IntegerTooLong``), an aware
-    ``datetime`` with no UTC form (``argtypes.OutOfRange``).
+    an integer longer than Python's ``int_max_str_digits`` (``IntegerTooLong``), and
+    ``UnsupportedArgument`` for an aware ``datetime`` with no UTC form.
     """
     try:
         encoded = _encode(value)
-    except argtypes.OutOfRange:
+    except UnsupportedArgument:  # argtypes' own (an aware datetime with no UTC form)
         raise
     except (TypeError, ValueError) as exc:
         _check_int_digits(value)

@@ -124,15 +124,7 @@ class DebounceOptions:
                 f"collect_limit= must be a positive int (items per run), got {limit!r}."
             )
         set_(self, "collect_limit", limit)
-        lease = self.lease
-        negative = isinstance(lease, (int, float)) and not isinstance(lease, bool) and lease < 0
-        lease_s = None if negative else conf.seconds(lease, name="lease", allow_none=True)
-        if negative or (lease_s is not None and lease_s <= 0):
-            raise ImproperlyConfigured(
-                f"lease= must be more than 0 seconds (how long a run may go without its lease "
-                f"extended before it counts as lost), got {lease!r}."
-            )
-        set_(self, "lease", lease_s)
+        set_(self, "lease", conf.seconds(self.lease, name="lease", allow_none=True, positive=True))
         if self.key is not None and not callable(self.key):
             raise ImproperlyConfigured(
                 f"key= must be a callable returning a str, got {self.key!r}."

@@ -77,6 +77,7 @@ COLUMNS = (*HEAD, *FIELDS.values())
 FIELD = {f.column: f for f in DebounceKey._meta.concrete_fields}
 RUN_FIELD = {f.column: f for f in DebounceRun._meta.concrete_fields}
 JSON_COLUMNS = frozenset(c for c, f in FIELD.items() if isinstance(f, models.JSONField))
+TIME_COLUMNS = frozenset(c for c, f in FIELD.items() if isinstance(f, models.DateTimeField))
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
@@ -97,10 +98,12 @@ UPSERT_DUE = (
 )
 
 
-# PostgreSQL's clock, read after the statement before it (a lock) in the same string. Times
-# are read as they are: EXTRACT(EPOCH ...) to microseconds in the query cost more (numeric
-# since PostgreSQL 14; 100-130 us a locked read, measured) than loading the datetimes.
-THEN_CLOCK = "; SELECT clock_timestamp()"
+# PostgreSQL's times are read as naive UTC (``AT TIME ZONE 'UTC'``): exact whatever the
+# session's zone and the driver (a naive local time is ambiguous when clocks go back), and
+# cheaper than EXTRACT(EPOCH ...) to microseconds (numeric since PostgreSQL 14: 100-130 us
+# more a locked read, measured). Its clock, read after a lock in the same string:
+AT_UTC = " AT TIME ZONE 'UTC'"
+THEN_CLOCK = f"; SELECT clock_timestamp(){AT_UTC}"
 UPSERT_DUE_OF_K = UPSERT_DUE.replace("VALUES (%s, %s, %s)", "SELECT %s, %s, %s FROM k")
 DELETE_DUE = f"DELETE FROM {DUE} WHERE {q('key_hash')} = %s"
 RUN = q(DebounceRun._meta.db_table)
@@ -154,8 +157,9 @@ def _client_binding(conn: Any) -> bool:
 
 
 @functools.cache
-def _select_text(where: str, lock: bool, skip_locked: bool) -> str:
-    names = [f"k.{q(c)}" for c in COLUMNS] + [f"d.{q('due_at')}"]
+def _select_text(where: str, lock: bool, skip_locked: bool, pg: bool) -> str:
+    names = [f"k.{q(c)}" + (AT_UTC if pg and c in TIME_COLUMNS else "") for c in COLUMNS]
+    names.append(f"d.{q('due_at')}" + (AT_UTC if pg else ""))
     text = (
         f"SELECT {', '.join(names)} FROM {KEY} k "
         f"LEFT JOIN {DUE} d ON d.{q('key_hash')} = k.{q('key_hash')} WHERE {where}"
@@ -315,23 +319,23 @@ class Rows:
             return at
         if self.pg:
             with connections[self.alias].cursor() as cursor:
-                cursor.execute("SELECT clock_timestamp()")
+                cursor.execute(f"SELECT clock_timestamp(){AT_UTC}")
                 at = self._us(cursor.fetchone()[0])
             assert at is not None
             return at
-        return int(datetime.now(UTC).timestamp() * US)
+        return to_us(datetime.now(UTC))  # type: ignore[return-value]
 
-    @staticmethod
-    def _us(value: Any) -> int | None:
+    def _us(self, value: Any) -> int | None:
+        """Microseconds of a time read: PostgreSQL's naive UTC (``AT_UTC``), SQLite's text."""
         if value is None:
             return None
-        if isinstance(value, datetime) and value.tzinfo is not None:
-            return to_us(value)  # PostgreSQL's: aware already
+        if self.pg and isinstance(value, datetime) and value.tzinfo is None:
+            return to_us(value.replace(tzinfo=UTC))
         return to_us(from_db(value))
 
     def _select(self, where: str, *, lock: bool, skip_locked: bool = False) -> str:
         """The text of a read of whole records (``where`` on the key table ``k``)."""
-        return _select_text(where, lock and self.pg, skip_locked)
+        return _select_text(where, lock and self.pg, skip_locked, self.pg)
 
     def _fetch(
         self, text: str, params: list[Any], cfgs: Any, clock: bool = False

@@ -422,7 +422,7 @@ def test_a_bad_duration_setting_is_an_error_naming_it_at_trigger_time_too(store)
 def test_collect_limit_without_collect_and_a_negative_lease_name_the_fix():
     with pytest.raises(ImproperlyConfigured, match="add collect=True"):
         debounced_task(collect_limit=10, name="tests.limit_only")(lambda x: None)
-    with pytest.raises(ImproperlyConfigured, match="lease= must be more than 0 seconds"):
+    with pytest.raises(ImproperlyConfigured, match="lease must be a finite number > 0 seconds"):
         debounced_task(lease=-3, name="tests.negative_lease")(lambda x: None)
 
 

@@ -747,3 +747,39 @@ def test_a_batch_of_new_rows_refuses_a_value_its_column_cannot_hold(store):
     assert [r.pending for r, _ in got] == [1, 1, 1]
     assert set(DebounceKey.objects.values_list("key_hash", flat=True)) == {h for _, h, _ in items}
     assert DebounceDue.objects.filter(task_name=TASK).count() == 3
+
+
+# == times: exact whatever USE_TZ and the zone ===============================================
+
+
+@pytest.mark.parametrize("use_tz", [True, False], ids=["USE_TZ", "no-USE_TZ"])
+def test_a_record_reads_its_times_exactly_whatever_use_tz(store, use_tz):
+    """A record's times are read as the instants they are under either ``USE_TZ``; on
+    PostgreSQL also in the hour New York lives twice (1 November 2026, 01:00-02:00), where a
+    naive local time is ambiguous. (SQLite keeps Django's text, naive local time under
+    ``USE_TZ = False``: its file cannot tell that hour apart, so there the times are the
+    trigger's own.)"""
+    from datetime import UTC, datetime
+
+    from django.db import connection
+    from django.test import override_settings
+
+    from django_debounce.backends.rows import to_us
+    from django_debounce.models import DebounceKey
+
+    first = last = at(0)
+    with override_settings(USE_TZ=use_tz, TIME_ZONE="America/New_York"):
+        backend = get_backend()
+        trig(backend, "tz", 0)
+        if backend.rows().pg:
+            first = datetime(2026, 11, 1, 5, 30, 0, 123456, tzinfo=UTC)  # 01:30 EDT
+            last = datetime(2026, 11, 1, 6, 30, 0, 654321, tzinfo=UTC)  # 01:30 EST, again
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    f'UPDATE "{DebounceKey._meta.db_table}" SET "first_trigger_at" = '
+                    '%s::timestamptz, "last_trigger_at" = %s::timestamptz WHERE "key_hash" = %s',
+                    [first.isoformat(), last.isoformat(), H],
+                )
+        record = backend.rows().read(H, None)
+    assert record is not None
+    assert (record.key.first, record.key.last) == (to_us(first), to_us(last))

@@ -108,8 +108,7 @@ class Command(BaseCommand):
         header = ("task", "key", "state", "pending", "fires", "triggers", "runs", "merged")
         table: list[tuple[str, ...]] = [header]
         for rec in records:  # a long key or task name cut, so the columns stay readable
-            key, task = (text if len(text) <= n else text[: n - 1] + "…"
-                         for text, n in ((rec["key"], 60), (rec["task"], 40)))  # fmt: skip
+            key, task = display.cut(rec["key"], 60), display.cut(rec["task"], 40)
             cells = {**rec, "key": key, "task": task, "fires": rec["fires"] or "-"}
             table.append(tuple(str(cells[column]) for column in header))
         widths = [max(len(row[i]) for row in table) for i in range(len(header))]
