@@ -336,13 +336,13 @@ def key_row(driver: WebDriver, site: Site, key: str):
             for cls in (cell.get_attribute("class") or "").split()
             if cls.startswith("field-")
         }
-        if cells.get("key") is not None and cells["key"].text == key:
+        if cells.get("key_text") is not None and cells["key_text"].text == key:
             return row, cells
     raise AssertionError(f"no row for {key!r} among {[r.text for r in rows]}")
 
 
 def key_page_pk(cells) -> int:
-    href = cells["key"].find_element(By.TAG_NAME, "a").get_attribute("href")
+    href = cells["key_text"].find_element(By.TAG_NAME, "a").get_attribute("href")
     match = re.search(r"/debouncekey/(\d+)/change/", href or "")
     assert match, href
     return int(match.group(1))
