@@ -25,21 +25,26 @@ def _flush_again_on_deadlock() -> None:
     (one ``TRUNCATE`` of every table, locked in its own order). The session's worker may be
     claiming a flight of the suite's receivers then (a test that saves an ``Item`` triggers
     one, whether or not it uses the worker): the claim locks the key row, then writes the run
-    table, and PostgreSQL can pick the ``TRUNCATE`` as a deadlock's victim. Take it again:
-    the claim has ended by then."""
+    table, and PostgreSQL can pick the ``TRUNCATE`` as a deadlock's victim. Take it again
+    (that claim has ended by then) until a deadline: after a test whose saves made many
+    flights, the worker claims one after another, and the next ``TRUNCATE`` can be a
+    victim too (PostgreSQL finds each deadlock after its ``deadlock_timeout``, 1 s)."""
+    import time
+
     from django.core.management.base import CommandError
     from django.core.management.commands import flush
 
     handle = flush.Command.handle
 
     def handle_again(self: Any, **options: Any) -> Any:
-        for attempt in range(3):
+        deadline = time.monotonic() + 120
+        while True:
             try:
                 return handle(self, **options)
             except CommandError as exc:
-                if attempt == 2 or "deadlock detected" not in str(exc.__cause__):
+                deadlock = "deadlock detected" in str(exc.__cause__)
+                if not deadlock or time.monotonic() > deadline:
                     raise
-        return None
 
     flush.Command.handle = handle_again
 
