@@ -40,7 +40,7 @@ def short_key(whole: str, task_name: str) -> str:
     text = whole.removeprefix(f"{task_name}:")
     if len(text) <= KEY_CHARS:
         return text
-    return format_html('<span title="{}">{}…</span>', whole, text[: KEY_CHARS - 1])
+    return format_html('<span title="{}">{}</span>', whole, display.cut(text, KEY_CHARS))
 
 
 @admin.display(description=_("duration"))
